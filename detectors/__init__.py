@@ -1,0 +1,1 @@
+"""Detector rules and convergence predictors (replayed over stored runs)."""

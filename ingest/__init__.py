@@ -1,0 +1,1 @@
+"""Log-format ingestors, run discovery and the ingest pipeline."""

@@ -1,0 +1,248 @@
+"""`workbench ingest`: discover, fingerprint, read what is new, write, commit.
+
+Incremental by a per-file manifest (size, mtime, consumed bytes, hashes of the first bytes and
+of the bytes before the resume point): an unchanged file is not opened; a grown file is read
+from where the last ingest stopped; a rewritten file (shorter, or different bytes before the
+resume point) is dropped and re-read alone. Files that disappeared keep their stored points.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+from ingest.base import Problem
+from ingest.discover import Found, discover, run_id_for
+from ingest.formats import make_ingestors
+from workbench.store import Store, StoreError
+
+SIG_BYTES = 4096
+
+
+@dataclass
+class IngestReport:
+    runs: set[str] = field(default_factory=set)
+    files_read: int = 0
+    files_unchanged: int = 0
+    files_skipped: int = 0
+    points: int = 0
+    bytes_read: int = 0
+    problems: list[tuple[str, Problem]] = field(default_factory=list)
+    notes: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def log_files(self) -> int:
+        return self.files_read + self.files_unchanged
+
+
+def _sig(path: Path, start: int, end: int) -> str:
+    start = max(0, start)
+    with open(path, "rb") as f:
+        f.seek(start)
+        return hashlib.sha1(f.read(max(0, end - start))).hexdigest()
+
+
+def _plan(found: Found, run_id: str, prev: dict | None) -> tuple[str, int]:
+    """('unchanged' | 'append' | 'reread' | 'new', offset to read from)."""
+    st = found.path.stat()
+    if prev is None or prev["format"] is None:
+        return "new", 0
+    if prev["run_id"] != run_id or prev["format"] != found.format:
+        return "reread", 0
+    if st.st_size == prev["size"] and st.st_mtime_ns == prev["mtime_ns"]:
+        return "unchanged", prev["consumed"]
+    consumed = prev["consumed"]
+    if st.st_size < consumed:
+        return "reread", 0
+    if _sig(found.path, 0, min(SIG_BYTES, consumed)) != prev["head_sig"]:
+        return "reread", 0
+    if _sig(found.path, consumed - SIG_BYTES, consumed) != prev["tail_sig"]:
+        return "reread", 0
+    return ("append" if st.st_size > consumed else "unchanged"), consumed
+
+
+def _base_for(root: Path, roots: list[str]) -> Path:
+    """Keep run ids stable: ingesting a sub-folder of an earlier root names runs as before."""
+    root = root.absolute()
+    if root.is_file():
+        root = root.parent
+    for r in sorted(roots, key=len):
+        rp = Path(r)
+        if root == rp or rp in root.parents:
+            return rp
+    return root
+
+
+def ingest(
+    paths: list[Path],
+    store: Store,
+    *,
+    check_crc: bool = True,
+    wait_s: float = 60.0,
+    console: Console | None = None,
+) -> IngestReport:
+    """Ingest every log under `paths` into `store`; per-file problems are reported, not raised."""
+    console = console or Console(stderr=True)
+    report = IngestReport()
+    t0 = time.perf_counter()
+    ingestors = make_ingestors(check_crc=check_crc)
+    by_name = {i.name: i for i in ingestors}
+    for p in paths:
+        if not p.exists():
+            raise StoreError(f"{p}: no such file or folder")
+    with store.writer(wait_s=wait_s) as w:
+        roots = w.table("roots")["root"].to_list()
+        work = []
+        for root in paths:
+            base = _base_for(root, roots)
+            if str(base) not in roots:
+                roots.append(str(base))
+                w.add("roots", [{"root": str(base)}])
+            for f in discover(root, ingestors):
+                run_id = run_id_for(f.run_dir, root, base)
+                work.append((f, run_id))
+        plans = []
+        for f, run_id in work:
+            key = str(f.path)
+            prev = w.file_row(key)
+            if f.format is None:
+                report.files_skipped += 1
+                if prev is None or prev["note"] != f.note:
+                    w.set_file(_file_row(f, run_id, "skipped", note=f.note))
+                continue
+            action, offset = _plan(f, run_id, prev)
+            if action == "unchanged":
+                report.files_unchanged += 1
+                report.runs.add(run_id)
+                continue
+            if action == "reread" and prev is not None:
+                w.drop_file(key)
+            plans.append((f, run_id, offset, prev if action == "append" else None))
+        total = sum(max(0, f.path.stat().st_size - off) for f, _, off, _ in plans)
+        with _progress(console, total) as progress:
+            task = progress.add_task("ingest", total=total)
+            for f, run_id, offset, prev in plans:
+                progress.update(task, description=f.path.name[-40:])
+                _read_file(w, by_name[f.format], f, run_id, offset, prev, report, progress, task)
+        w.commit()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _progress(console: Console, total: int) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=total < (8 << 20) or not console.is_terminal,
+    )
+
+
+def _file_row(f: Found, run_id: str, status: str, **kw) -> dict:
+    st = f.path.stat()
+    row = {
+        "path": str(f.path),
+        "run_id": run_id,
+        "format": f.format,
+        "status": status,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "consumed": 0,
+        "head_sig": None,
+        "tail_sig": None,
+        "first_wall_time": None,
+        "records": 0,
+        "points": 0,
+        "problems": 0,
+        "note": None,
+        "ingested_at": time.time(),
+    }
+    row.update(kw)
+    return row
+
+
+def _read_file(w, ingestor, f: Found, run_id, offset, prev, report, progress, task) -> None:
+    key = str(f.path)
+    st = f.path.stat()
+    records = prev["records"] if prev else 0
+    points = prev["points"] if prev else 0
+    n_problems = prev["problems"] if prev else 0
+    first_wall = prev["first_wall_time"] if prev else None
+    consumed = offset
+    note = None
+    try:
+        for batch in ingestor.read(f.path, offset, w.plugins(run_id)):
+            w.add_chunk(run_id, key, ingestor.name, batch.start, batch.end, batch.points)
+            if batch.events:
+                w.add("events", pl.DataFrame(batch.events).with_columns(
+                    run_id=pl.lit(run_id), path=pl.lit(key)))
+            if batch.problems:
+                w.add("problems", [
+                    {"path": key, "run_id": run_id, "offset": p.offset, "kind": p.kind, "message": p.message}
+                    for p in batch.problems
+                ])
+                report.problems.extend((key, p) for p in batch.problems)
+            if batch.plugins:
+                w.add("plugins", [{"run_id": run_id, "tag": t, "plugin": p} for t, p in batch.plugins.items()])
+            if batch.config:
+                w.set_run_config(run_id, batch.config)
+            if first_wall is None and batch.first_wall_time is not None:
+                first_wall = batch.first_wall_time
+            records += batch.records
+            points += batch.points.height
+            n_problems += len(batch.problems)
+            report.points += batch.points.height
+            report.bytes_read += batch.end - batch.start
+            progress.advance(task, batch.end - batch.start)
+            consumed = batch.end
+            note = batch.note
+    except OSError as e:
+        note = f"read error: {e.strerror or e}; kept what was read up to byte {consumed}"
+        report.problems.append((key, Problem(consumed, "read_error", note)))
+        w.add("problems", [{"path": key, "run_id": run_id, "offset": consumed, "kind": "read_error", "message": note}])
+        n_problems += 1
+    if note:
+        report.notes.append((key, note))
+    report.files_read += 1
+    report.runs.add(run_id)
+    w.set_file(_file_row(
+        f, run_id, "problems" if n_problems else "ok",
+        size=st.st_size, mtime_ns=st.st_mtime_ns, consumed=consumed,
+        head_sig=_sig(f.path, 0, min(SIG_BYTES, consumed)),
+        tail_sig=_sig(f.path, consumed - SIG_BYTES, consumed),
+        first_wall_time=first_wall, records=records, points=points, problems=n_problems, note=note,
+    ))
+
+
+def print_report(report: IngestReport, console: Console | None = None, max_problems: int = 20) -> None:
+    console = console or Console(stderr=True)
+    for path, p in report.problems[:max_problems]:
+        console.print(f"[yellow]problem[/] {path} @ {p.offset}: {p.message}", highlight=False)
+    if len(report.problems) > max_problems:
+        console.print(
+            f"... and {len(report.problems) - max_problems} more: "
+            "workbench sql \"SELECT * FROM problems\"", highlight=False
+        )
+    for path, note in report.notes:
+        console.print(f"[dim]note[/] {path}: {note}", highlight=False)
+    mb = report.bytes_read / 1e6
+    console.print(
+        f"ingested {len(report.runs)} runs: {report.files_read} files read, "
+        f"{report.files_unchanged} unchanged, {report.files_skipped} skipped (not logs); "
+        f"{report.points:,} points, {mb:,.1f} MB in {report.seconds:.2f}s; "
+        f"{len(report.problems)} problems",
+        highlight=False,
+    )
+    sys.stderr.flush()

@@ -1,0 +1,612 @@
+"""Bulk TFRecord framing, masked CRC-32C checks and Event/Summary decoding (numba kernels).
+
+Per-record protobuf objects cap a Python reader at a few hundred thousand scalars a second;
+these kernels walk the raw bytes once, in machine code, and return flat arrays. Records whose
+content needs a full protobuf (text, hparams, file_version) are only flagged here and decoded
+by `ingest.tensorboard` from their offsets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# --- framing status codes (per record) -------------------------------------------------------
+REC_OK = 0
+REC_BAD_DATA_CRC = 1
+REC_BAD_PROTO = 2
+
+# --- what an Event carries (its oneof `what`) --------------------------------------------------
+EV_NONE = 0
+EV_SUMMARY = 1
+EV_FILE_VERSION = 2
+EV_SESSION_LOG = 3
+EV_GRAPH = 4
+EV_OTHER = 5
+
+# --- what a Summary.Value carries ---------------------------------------------------------------
+V_SIMPLE = 1  # simple_value (float32)
+V_TENSOR_NUM = 2  # a one-element numeric tensor: a scalar when its plugin is "scalars"
+V_TENSOR_STR = 3  # a string tensor (text plugin, model config, ...)
+V_TENSOR_OTHER = 4  # a multi-element or undecodable tensor
+V_HISTO = 5
+V_IMAGE = 6
+V_AUDIO = 7
+V_EMPTY = 8  # metadata only (hparams)
+
+# columns of the int64 `vals` matrix returned by decode_records
+VC_REC, VC_TAG_OFF, VC_TAG_LEN, VC_TAG_HASH, VC_PLUGIN_OFF, VC_PLUGIN_LEN, VC_KIND = range(7)
+N_VCOLS = 7
+
+_MASK_DELTA = np.uint32(0xA282EAD8)
+
+
+def _crc_tables() -> np.ndarray:
+    """Slicing-by-8 tables for CRC-32C (Castagnoli, reflected polynomial 0x82F63B78)."""
+    t = np.zeros((8, 256), dtype=np.uint32)
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        t[0, i] = c
+    for k in range(1, 8):
+        for i in range(256):
+            t[k, i] = (t[k - 1, i] >> 8) ^ t[0, t[k - 1, i] & 0xFF]
+    return t
+
+
+CRC_TABLES = _crc_tables()
+
+
+@njit(cache=True, nogil=True)
+def crc32c(buf, start, n, tables):
+    crc = np.uint32(0xFFFFFFFF)
+    i = start
+    end = start + n
+    while i + 8 <= end:
+        lo = crc ^ (
+            np.uint32(buf[i])
+            | (np.uint32(buf[i + 1]) << 8)
+            | (np.uint32(buf[i + 2]) << 16)
+            | (np.uint32(buf[i + 3]) << 24)
+        )
+        crc = (
+            tables[7, lo & 0xFF]
+            ^ tables[6, (lo >> 8) & 0xFF]
+            ^ tables[5, (lo >> 16) & 0xFF]
+            ^ tables[4, lo >> 24]
+            ^ tables[3, buf[i + 4]]
+            ^ tables[2, buf[i + 5]]
+            ^ tables[1, buf[i + 6]]
+            ^ tables[0, buf[i + 7]]
+        )
+        i += 8
+    while i < end:
+        crc = tables[0, (crc ^ np.uint32(buf[i])) & 0xFF] ^ (crc >> 8)
+        i += 1
+    return crc ^ np.uint32(0xFFFFFFFF)
+
+
+@njit(cache=True, nogil=True)
+def masked_crc32c(buf, start, n, tables):
+    crc = crc32c(buf, start, n, tables)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & np.uint32(0xFFFFFFFF)
+
+
+@njit(cache=True, nogil=True)
+def _u32(buf, p):
+    return (
+        np.uint32(buf[p])
+        | (np.uint32(buf[p + 1]) << 8)
+        | (np.uint32(buf[p + 2]) << 16)
+        | (np.uint32(buf[p + 3]) << 24)
+    )
+
+
+@njit(cache=True, nogil=True)
+def _u64(buf, p):
+    return np.uint64(_u32(buf, p)) | (np.uint64(_u32(buf, p + 4)) << np.uint64(32))
+
+
+@njit(cache=True, nogil=True)
+def _header_ok(buf, p, n, tables):
+    """A plausible record header at p: length CRC valid and the whole record inside the buffer."""
+    if p + 12 > n:
+        return False
+    if masked_crc32c(buf, p, 8, tables) != _u32(buf, p + 8):
+        return False
+    length = _u64(buf, p)
+    if length > np.uint64(n - p - 16):
+        return False
+    return masked_crc32c(buf, p + 12, np.int64(length), tables) == _u32(buf, p + 12 + np.int64(length))
+
+
+@njit(cache=True, nogil=True)
+def frame_records(buf, n, tables):
+    """Walk the record chain of buf[:n].
+
+    Returns (offsets, lengths, end, gaps): offsets/lengths of the complete records (offset of the
+    data payload is offset + 12); `end` is where reading must resume next time (the start of an
+    incomplete trailing record, or n); `gaps` is an (k, 2) array of byte ranges skipped after a
+    bad length CRC, resynchronised on the next position whose header and data CRCs both hold.
+    """
+    cap = 1024
+    offs = np.empty(cap, np.int64)
+    lens = np.empty(cap, np.int64)
+    gaps = np.empty((16, 2), np.int64)
+    k = 0
+    g = 0
+    p = 0
+    while p + 12 <= n:
+        if masked_crc32c(buf, p, 8, tables) != _u32(buf, p + 8):
+            # framing lost: scan forward for the next position that is a whole valid record
+            q = p + 1
+            while q + 12 <= n and not _header_ok(buf, q, n, tables):
+                q += 1
+            if q + 12 > n:
+                # nothing valid after p: treat the tail as corrupt, not as an unfinished write
+                q = n
+            if g == gaps.shape[0]:
+                ng = np.empty((g * 2, 2), np.int64)
+                ng[:g] = gaps[:g]
+                gaps = ng
+            gaps[g, 0] = p
+            gaps[g, 1] = q
+            g += 1
+            p = q
+            continue
+        length = np.int64(_u64(buf, p))
+        if length < 0 or p + 16 + length > n:
+            break  # unfinished write: resume here next time
+        if k == cap:
+            cap *= 2
+            no = np.empty(cap, np.int64)
+            nl = np.empty(cap, np.int64)
+            no[:k] = offs[:k]
+            nl[:k] = lens[:k]
+            offs = no
+            lens = nl
+        offs[k] = p
+        lens[k] = length
+        k += 1
+        p += 16 + length
+    return offs[:k], lens[:k], p, gaps[:g]
+
+
+@njit(cache=True, nogil=True)
+def _varint(buf, p, end):
+    """Returns (value, new_p); new_p == -1 on a malformed varint."""
+    result = np.uint64(0)
+    shift = np.uint64(0)
+    while p < end:
+        b = buf[p]
+        p += 1
+        result |= np.uint64(b & 0x7F) << shift
+        if b < 0x80:
+            return result, p
+        shift += np.uint64(7)
+        if shift >= np.uint64(64):
+            return result, -1
+    return result, -1
+
+
+@njit(cache=True, nogil=True)
+def _skip(buf, p, end, wt):
+    """Skip a field of wire type wt; returns the new position or -1."""
+    if wt == 0:
+        _, p = _varint(buf, p, end)
+        return p
+    if wt == 1:
+        return p + 8 if p + 8 <= end else -1
+    if wt == 5:
+        return p + 4 if p + 4 <= end else -1
+    if wt == 2:
+        ln, p = _varint(buf, p, end)
+        if p < 0 or np.int64(ln) < 0 or p + np.int64(ln) > end:
+            return -1
+        return p + np.int64(ln)
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _half_to_float(h):
+    s = (h >> 15) & 1
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    if e == 0:
+        v = m * 2.0**-24
+    elif e == 31:
+        v = np.inf if m == 0 else np.nan
+    else:
+        v = (1.0 + m / 1024.0) * 2.0 ** (e - 15)
+    return -v if s else v
+
+
+@njit(cache=True, nogil=True)
+def _bits_to_f32(bits, s32):
+    s32[0] = np.uint32(bits)
+    return np.float64(s32.view(np.float32)[0])
+
+
+@njit(cache=True, nogil=True)
+def _bits_to_f64(bits, s64):
+    s64[0] = np.uint64(bits)
+    return s64.view(np.float64)[0]
+
+
+# DataType enum values (tensorflow/core/framework/types.proto)
+DT_FLOAT, DT_DOUBLE, DT_INT32, DT_UINT8, DT_INT16, DT_INT8, DT_STRING = 1, 2, 3, 4, 5, 6, 7
+DT_INT64, DT_BOOL, DT_BFLOAT16, DT_UINT16, DT_HALF, DT_UINT32, DT_UINT64 = 9, 10, 14, 17, 19, 22, 23
+
+
+@njit(cache=True, nogil=True)
+def _decode_tensor(buf, p, end, s32, s64):
+    """Decode a TensorProto; returns (kind, value) with kind V_TENSOR_NUM/STR/OTHER."""
+    dtype = 0
+    n_elems = 1
+    n_vals = 0
+    value = np.nan
+    content_off = -1
+    content_len = 0
+    is_string = False
+    while p < end:
+        key, p = _varint(buf, p, end)
+        if p < 0:
+            return -1, value
+        field = key >> np.uint64(3)
+        wt = np.int64(key & np.uint64(7))
+        if field == 1 and wt == 0:
+            d, p = _varint(buf, p, end)
+            dtype = np.int64(d)
+        elif field == 2 and wt == 2:  # TensorShapeProto: repeated Dim dim = 2 {int64 size = 1}
+            ln, p = _varint(buf, p, end)
+            send = p + np.int64(ln)
+            if p < 0 or send > end or send < p:
+                return -1, value
+            q = p
+            while q < send:
+                k2, q = _varint(buf, q, send)
+                if q < 0:
+                    return -1, value
+                if (k2 >> np.uint64(3)) == 2 and (k2 & np.uint64(7)) == 2:
+                    dl, q = _varint(buf, q, send)
+                    dend = q + np.int64(dl)
+                    if q < 0 or dend > send or dend < q:
+                        return -1, value
+                    while q < dend and q >= 0:
+                        k3, q = _varint(buf, q, dend)
+                        if q < 0:
+                            return -1, value
+                        if (k3 >> np.uint64(3)) == 1 and (k3 & np.uint64(7)) == 0:
+                            sz, q = _varint(buf, q, dend)
+                            n_elems *= np.int64(sz)
+                        else:
+                            q = _skip(buf, q, dend, np.int64(k3 & np.uint64(7)))
+                    q = dend
+                else:
+                    q = _skip(buf, q, send, np.int64(k2 & np.uint64(7)))
+                if q < 0:
+                    return -1, value
+            p = send
+        elif field == 4 and wt == 2:  # tensor_content
+            ln, p = _varint(buf, p, end)
+            if p < 0:
+                return -1, value
+            content_off = p
+            content_len = np.int64(ln)
+            if content_len < 0 or p + content_len > end:
+                return -1, value
+            p = p + content_len
+        elif field == 8:  # string_val
+            is_string = True
+            p = _skip(buf, p, end, wt)
+            n_vals += 1
+        elif field == 5 or field == 6 or field == 7 or field == 10 or field == 11 or field == 13 or field == 16 or field == 17:
+            # typed repeated numeric fields, packed (wt 2) or not
+            if wt == 2:
+                ln, p = _varint(buf, p, end)
+                vend = p + np.int64(ln)
+                if p < 0 or vend > end or vend < p:
+                    return -1, value
+                q = p
+                p = vend
+            else:
+                q = p
+                vend = end
+            while q < vend:
+                if field == 5:
+                    if q + 4 > vend:
+                        return -1, value
+                    value = _bits_to_f32(_u32(buf, q), s32)
+                    q += 4
+                elif field == 6:
+                    if q + 8 > vend:
+                        return -1, value
+                    value = _bits_to_f64(_u64(buf, q), s64)
+                    q += 8
+                else:
+                    raw, q = _varint(buf, q, vend)
+                    if q < 0:
+                        return -1, value
+                    if field == 13:
+                        if dtype == DT_BFLOAT16:
+                            value = _bits_to_f32(np.uint32(raw & np.uint64(0xFFFF)) << 16, s32)
+                        else:
+                            value = _half_to_float(np.int64(raw & np.uint64(0xFFFF)))
+                    elif field == 17 or field == 16:
+                        value = np.float64(raw)
+                    else:
+                        value = np.float64(np.int64(raw))
+                n_vals += 1
+                if wt != 2:
+                    p = q
+                    break
+        else:
+            p = _skip(buf, p, end, wt)
+        if p < 0 or p > end:
+            return -1, value
+    if is_string or dtype == DT_STRING:
+        return V_TENSOR_STR, value
+    if n_elems != 1:
+        return V_TENSOR_OTHER, value
+    if content_off >= 0 and content_len > 0:
+        c = content_off
+        if dtype == DT_FLOAT and content_len == 4:
+            value = _bits_to_f32(_u32(buf, c), s32)
+        elif dtype == DT_DOUBLE and content_len == 8:
+            value = _bits_to_f64(_u64(buf, c), s64)
+        elif dtype == DT_HALF and content_len == 2:
+            value = _half_to_float(np.int64(buf[c]) | (np.int64(buf[c + 1]) << 8))
+        elif dtype == DT_BFLOAT16 and content_len == 2:
+            value = _bits_to_f32((np.uint32(buf[c]) | (np.uint32(buf[c + 1]) << 8)) << 16, s32)
+        elif dtype == DT_INT32 and content_len == 4:
+            value = np.float64(np.int32(_u32(buf, c)))
+        elif dtype == DT_INT64 and content_len == 8:
+            value = np.float64(np.int64(_u64(buf, c)))
+        elif dtype == DT_UINT64 and content_len == 8:
+            value = np.float64(_u64(buf, c))
+        elif dtype == DT_UINT32 and content_len == 4:
+            value = np.float64(_u32(buf, c))
+        elif (dtype == DT_BOOL or dtype == DT_UINT8 or dtype == DT_INT8) and content_len == 1:
+            value = np.float64(np.int8(buf[c])) if dtype == DT_INT8 else np.float64(buf[c])
+        elif dtype == DT_INT16 and content_len == 2:
+            value = np.float64(np.int16(np.int64(buf[c]) | (np.int64(buf[c + 1]) << 8)))
+        elif dtype == DT_UINT16 and content_len == 2:
+            value = np.float64(np.int64(buf[c]) | (np.int64(buf[c + 1]) << 8))
+        else:
+            return V_TENSOR_OTHER, value
+        return V_TENSOR_NUM, value
+    if n_vals >= 1 and dtype != 0:
+        return V_TENSOR_NUM, value
+    return V_TENSOR_OTHER, value
+
+
+@njit(cache=True, nogil=True)
+def _fnv1a(buf, p, n):
+    h = np.uint64(0xCBF29CE484222325)
+    for i in range(p, p + n):
+        h = (h ^ np.uint64(buf[i])) * np.uint64(0x100000001B3)
+    return h
+
+
+@njit(cache=True, nogil=True)
+def _decode_value(buf, p, end, out, row, s32, s64):
+    """Decode one Summary.Value into out[row]; returns (ok, value)."""
+    out[row, VC_TAG_OFF] = p
+    out[row, VC_TAG_LEN] = 0
+    out[row, VC_PLUGIN_OFF] = -1
+    out[row, VC_PLUGIN_LEN] = 0
+    kind = V_EMPTY
+    value = np.nan
+    while p < end:
+        key, p = _varint(buf, p, end)
+        if p < 0:
+            return False, value
+        field = key >> np.uint64(3)
+        wt = np.int64(key & np.uint64(7))
+        if field == 1 and wt == 2:
+            ln, p = _varint(buf, p, end)
+            if p < 0 or np.int64(ln) < 0 or p + np.int64(ln) > end:
+                return False, value
+            out[row, VC_TAG_OFF] = p
+            out[row, VC_TAG_LEN] = np.int64(ln)
+            p += np.int64(ln)
+        elif field == 2 and wt == 5:
+            if p + 4 > end:
+                return False, value
+            value = _bits_to_f32(_u32(buf, p), s32)
+            kind = V_SIMPLE
+            p += 4
+        elif field == 9 and wt == 2:  # SummaryMetadata{plugin_data=1{plugin_name=1}}
+            ln, p = _varint(buf, p, end)
+            mend = p + np.int64(ln)
+            if p < 0 or mend > end or mend < p:
+                return False, value
+            q = p
+            while q < mend and q >= 0:
+                k2, q = _varint(buf, q, mend)
+                if q < 0:
+                    return False, value
+                if (k2 >> np.uint64(3)) == 1 and (k2 & np.uint64(7)) == 2:
+                    pl, q = _varint(buf, q, mend)
+                    pend = q + np.int64(pl)
+                    if q < 0 or pend > mend or pend < q:
+                        return False, value
+                    while q < pend and q >= 0:
+                        k3, q = _varint(buf, q, pend)
+                        if q < 0:
+                            return False, value
+                        if (k3 >> np.uint64(3)) == 1 and (k3 & np.uint64(7)) == 2:
+                            nl, q = _varint(buf, q, pend)
+                            if q < 0 or q + np.int64(nl) > pend or np.int64(nl) < 0:
+                                return False, value
+                            out[row, VC_PLUGIN_OFF] = q
+                            out[row, VC_PLUGIN_LEN] = np.int64(nl)
+                            q += np.int64(nl)
+                        else:
+                            q = _skip(buf, q, pend, np.int64(k3 & np.uint64(7)))
+                    q = pend
+                else:
+                    q = _skip(buf, q, mend, np.int64(k2 & np.uint64(7)))
+            if q < 0:
+                return False, value
+            p = mend
+        elif field == 8 and wt == 2:
+            ln, p = _varint(buf, p, end)
+            if p < 0 or np.int64(ln) < 0 or p + np.int64(ln) > end:
+                return False, value
+            kind, value = _decode_tensor(buf, p, p + np.int64(ln), s32, s64)
+            if kind < 0:
+                return False, value
+            p += np.int64(ln)
+        elif (field == 3 or field == 5) and wt == 2:
+            kind = V_HISTO
+            p = _skip(buf, p, end, wt)
+        elif field == 4 and wt == 2:
+            kind = V_IMAGE
+            p = _skip(buf, p, end, wt)
+        elif field == 6 and wt == 2:
+            kind = V_AUDIO
+            p = _skip(buf, p, end, wt)
+        else:
+            p = _skip(buf, p, end, wt)
+        if p < 0 or p > end:
+            return False, value
+    out[row, VC_KIND] = kind
+    out[row, VC_TAG_HASH] = np.int64(_fnv1a(buf, out[row, VC_TAG_OFF], out[row, VC_TAG_LEN]))
+    return True, value
+
+
+@njit(cache=True, nogil=True)
+def decode_records(buf, offs, lens, check_crc, tables):
+    """Decode the Events at the given record offsets.
+
+    Returns per record: status, what (EV_*), wall_time, step, session_status; and per
+    Summary.Value: an int64 matrix (columns VC_*) and a float64 value array.
+    """
+    n = offs.shape[0]
+    status = np.zeros(n, np.int8)
+    what = np.zeros(n, np.int8)
+    wall = np.full(n, np.nan)
+    step = np.zeros(n, np.int64)
+    sess = np.zeros(n, np.int8)
+    cap = n + 16
+    vals = np.empty((cap, N_VCOLS), np.int64)
+    fvals = np.empty(cap, np.float64)
+    s32 = np.empty(1, np.uint32)
+    s64 = np.empty(1, np.uint64)
+    nv = 0
+    for i in range(n):
+        p = offs[i] + 12
+        end = p + lens[i]
+        if check_crc and masked_crc32c(buf, p, lens[i], tables) != _u32(buf, end):
+            status[i] = REC_BAD_DATA_CRC
+            continue
+        row0 = nv
+        ok = True
+        while p < end:
+            key, p = _varint(buf, p, end)
+            if p < 0:
+                ok = False
+                break
+            field = key >> np.uint64(3)
+            wt = np.int64(key & np.uint64(7))
+            if field == 1 and wt == 1:
+                if p + 8 > end:
+                    ok = False
+                    break
+                wall[i] = _bits_to_f64(_u64(buf, p), s64)
+                p += 8
+            elif field == 2 and wt == 0:
+                s, p = _varint(buf, p, end)
+                step[i] = np.int64(s)
+            elif field == 5 and wt == 2:
+                what[i] = EV_SUMMARY
+                ln, p = _varint(buf, p, end)
+                send = p + np.int64(ln)
+                if p < 0 or send > end or send < p:
+                    ok = False
+                    break
+                while p < send:
+                    k2, p = _varint(buf, p, send)
+                    if p < 0:
+                        break
+                    if (k2 >> np.uint64(3)) == 1 and (k2 & np.uint64(7)) == 2:
+                        vl, p = _varint(buf, p, send)
+                        if p < 0 or np.int64(vl) < 0 or p + np.int64(vl) > send:
+                            p = -1
+                            break
+                        if nv == cap:
+                            cap *= 2
+                            nvals = np.empty((cap, N_VCOLS), np.int64)
+                            nvals[:nv] = vals[:nv]
+                            vals = nvals
+                            nf = np.empty(cap, np.float64)
+                            nf[:nv] = fvals[:nv]
+                            fvals = nf
+                        vals[nv, VC_REC] = i
+                        good, v = _decode_value(buf, p, p + np.int64(vl), vals, nv, s32, s64)
+                        if not good:
+                            p = -1
+                            break
+                        fvals[nv] = v
+                        nv += 1
+                        p += np.int64(vl)
+                    else:
+                        p = _skip(buf, p, send, np.int64(k2 & np.uint64(7)))
+                        if p < 0:
+                            break
+                if p < 0:
+                    ok = False
+                    break
+            elif field == 3 and wt == 2:
+                what[i] = EV_FILE_VERSION
+                p = _skip(buf, p, end, wt)
+            elif field == 7 and wt == 2:
+                what[i] = EV_SESSION_LOG
+                ln, p = _varint(buf, p, end)
+                lend = p + np.int64(ln)
+                if p < 0 or lend > end or lend < p:
+                    ok = False
+                    break
+                q = p
+                while q < lend and q >= 0:
+                    k2, q = _varint(buf, q, lend)
+                    if q < 0:
+                        break
+                    if (k2 >> np.uint64(3)) == 1 and (k2 & np.uint64(7)) == 0:
+                        st, q = _varint(buf, q, lend)
+                        sess[i] = np.int8(st & np.uint64(0x7F))
+                    else:
+                        q = _skip(buf, q, lend, np.int64(k2 & np.uint64(7)))
+                p = lend
+            elif (field == 4 or field == 9) and wt == 2:
+                what[i] = EV_GRAPH
+                p = _skip(buf, p, end, wt)
+            else:
+                if field == 6 or field == 8:
+                    what[i] = EV_OTHER
+                p = _skip(buf, p, end, wt)
+            if p < 0 or p > end:
+                ok = False
+                break
+        if not ok:
+            status[i] = REC_BAD_PROTO
+            nv = row0  # drop any values of a record that did not decode whole
+    return status, what, wall, step, sess, vals[:nv], fvals[:nv]
+
+
+@njit(cache=True, nogil=True)
+def tags_equal(buf, vals, rep_off, rep_len, group):
+    """True when every value's tag bytes equal its group representative's (hash collision check)."""
+    for r in range(vals.shape[0]):
+        g = group[r]
+        ln = vals[r, VC_TAG_LEN]
+        if ln != rep_len[g]:
+            return False
+        a = vals[r, VC_TAG_OFF]
+        b = rep_off[g]
+        for j in range(ln):
+            if buf[a + j] != buf[b + j]:
+                return False
+    return True

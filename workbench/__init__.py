@@ -1,0 +1,1 @@
+"""Training-log workbench: ingest training logs, replay and backtest alert rules, explore."""

@@ -1,0 +1,71 @@
+"""Canonical metric names: which logged tags mean `loss`, `eval_loss`, `grad_norm`, `lr`, ...
+
+`tag` always keeps the key as it was logged; the canonical name goes in the `metric` column,
+resolved at query time so that editing `workbench.toml` applies to data already stored:
+
+    [aliases]
+    loss = ["my_model/train_xent", "train/*_loss"]   # globs over tags; they win over built-ins
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from pathlib import Path
+
+# First match wins; patterns are matched against the lower-cased tag.
+BUILTIN: list[tuple[str, str]] = [
+    ("eval_loss", r"(eval|evaluation|val|valid|validation|test)[/_ -]?(lm[ _])?loss"),
+    ("eval_loss", r"lm[ _-]loss[ _-]validation"),
+    ("loss", r"((train|training)[/_ -]?)?(lm[ _-]|total[ _-])?loss(_step)?"),
+    ("loss", r"train/samples/train_loss|epoch_loss|train/loss_step"),
+    ("grad_norm", r"((train|training|optim)[/_])?(grad[_ -]?norm|gradient[_ ]norm|total_grad_norm)"),
+    ("lr", r"((train|training|optim)[/_])?(lr|learning[_ -]rate)(-?0|/group_?0|/pg0)?"),
+    ("lr", r"train/samples/lr"),
+    ("loss_scale", r"((train|training)[/_])?loss[_ -]scale|train/samples/loss_scale"),
+    ("samples_per_sec", r"((train|training)[/_])?samples[_ -]?per[_ -]?sec(ond)?|throughput"),
+]
+
+
+def load_user_aliases(*config_dirs: Path) -> dict[str, list[str]]:
+    """`[aliases]` from `workbench.toml` in the given folders (later folders win)."""
+    merged: dict[str, list[str]] = {}
+    for d in config_dirs:
+        f = Path(d) / "workbench.toml"
+        if f.is_file():
+            with f.open("rb") as fh:
+                table = tomllib.load(fh).get("aliases", {})
+            for metric, globs in table.items():
+                merged[metric] = [globs] if isinstance(globs, str) else list(globs)
+    return merged
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def metric_case_sql(column: str, user: dict[str, list[str]] | None = None) -> str:
+    """A SQL CASE expression mapping a tag column to its canonical metric (NULL if none)."""
+    arms = []
+    for metric, globs in (user or {}).items():
+        for g in globs:
+            regex = fnmatch.translate(g).removeprefix("(?s:").removesuffix(")\\z")
+            arms.append(f"WHEN regexp_full_match({column}, {_sql_str(regex)}) THEN {_sql_str(metric)}")
+    for metric, regex in BUILTIN:
+        arms.append(
+            f"WHEN regexp_full_match(lower({column}), {_sql_str(regex)}) THEN {_sql_str(metric)}"
+        )
+    return "CASE " + " ".join(arms) + " ELSE NULL END"
+
+
+def metric_for(tag: str, user: dict[str, list[str]] | None = None) -> str | None:
+    """The same mapping in Python (for code that works on frames, not SQL)."""
+    import re
+
+    for metric, globs in (user or {}).items():
+        if any(fnmatch.fnmatchcase(tag, g) for g in globs):
+            return metric
+    for metric, regex in BUILTIN:
+        if re.fullmatch(regex, tag.lower()):
+            return metric
+    return None

@@ -1,0 +1,173 @@
+"""The `workbench` command: a thin shell over the library (parse, call, format)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from workbench.store import Store, StoreError
+
+STORE_HELP = "Store folder (default: $WORKBENCH_STORE or .workbench/)."
+FORMATS = click.Choice(["table", "csv", "json"])
+err = Console(stderr=True)
+
+
+def _store_option(f):
+    return click.option("--store", "store", default=None, metavar="DIR", help=STORE_HELP)(f)
+
+
+def _format_option(f):
+    return click.option(
+        "--format", "fmt", type=FORMATS, default="table", show_default=True,
+        help="table for people; csv (as DuckDB renders it) or json (one array of objects) for programs.",
+    )(f)
+
+
+def _fail(message: str, code: int = 2):
+    err.print(f"[red]error:[/] {message}", highlight=False)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="training-log-workbench")
+def main():
+    """Training-log workbench: ingest training logs into one store, query them, and
+    backtest alert rules against what really happened.
+
+    \b
+    Example:
+      workbench ingest sample_runs/
+      workbench runs
+      workbench sql "SELECT run_id, max(step) FROM scalars GROUP BY run_id"
+    """
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@_store_option
+@click.option("--strict", is_flag=True, help="Exit non-zero when any file or record had a problem.")
+@click.option("--no-crc", is_flag=True, help="Skip TensorBoard CRC checks (faster; damage goes unnoticed).")
+@click.option("--wait", "wait_s", default=60.0, show_default=True, metavar="SECONDS",
+              help="How long to wait for another ingest writing to the same store.")
+def ingest(paths, store, strict, no_crc, wait_s):
+    """Read every log under PATHS into the store, incrementally.
+
+    A run is a folder holding log files; its id is its path relative to PATH. Unchanged files
+    are not re-read, grown files are read from where the last ingest stopped, and damaged
+    records are skipped and reported with their byte offset. Exits 0 when problems were only
+    per file or record, 1 with --strict if there were any, 2 when nothing could be read.
+
+    \b
+    Example:
+      workbench ingest ./runs --store .workbench
+      workbench sql "SELECT * FROM problems"
+    """
+    from ingest.pipeline import ingest as run_ingest
+    from ingest.pipeline import print_report
+
+    try:
+        report = run_ingest(list(paths), Store(store), check_crc=not no_crc, wait_s=wait_s, console=err)
+    except StoreError as e:
+        _fail(str(e))
+    print_report(report, err)
+    if report.log_files == 0:
+        _fail(
+            f"no log files found under {', '.join(map(str, paths))} "
+            "(looked for TensorBoard event files); check the path"
+        )
+    if strict and report.problems:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("query")
+@_store_option
+@_format_option
+def sql(query, store, fmt):
+    """Run a read-only SQL query (DuckDB dialect) over the store's views.
+
+    \b
+    Views: runs, files, scalars (current points, unique on run_id, tag, step),
+    scalars_all (every stored point, with source, segment, superseded),
+    events, problems.
+
+    \b
+    Example:
+      workbench sql "SELECT tag, count(*) FROM scalars WHERE run_id = 'run_a' GROUP BY tag"
+      workbench sql "SELECT * FROM scalars_all WHERE superseded" --format csv
+    """
+    _print_query(Store(store), query, fmt)
+
+
+@main.command()
+@_store_option
+@_format_option
+def runs(store, fmt):
+    """List the runs in the store with their status, formats, steps and points.
+
+    \b
+    Example:
+      workbench runs --format csv
+    """
+    _print_query(
+        Store(store),
+        "SELECT run_id, status, formats, files, segments, points, tags, first_step, last_step, "
+        "problems, evidence FROM runs ORDER BY run_id",
+        fmt,
+    )
+
+
+@main.command()
+@click.argument("run")
+@_store_option
+@_format_option
+def tags(run, store, fmt):
+    """List the tags of RUN with their canonical metric, point counts and step range.
+
+    \b
+    Example:
+      workbench tags run_a
+    """
+    s = Store(store)
+    lit = "'" + run.replace("'", "''") + "'"
+    q = (
+        "SELECT tag, metric, count(*) AS points, min(step) AS first_step, max(step) AS last_step, "
+        "count(*) FILTER (WHERE NOT isfinite(value)) AS non_finite "
+        f"FROM scalars WHERE run_id = {lit} GROUP BY tag, metric ORDER BY tag"
+    )
+    try:
+        known = s.connect().execute(f"SELECT count(*) FROM runs WHERE run_id = {lit}").fetchone()[0]
+    except StoreError as e:
+        _fail(str(e))
+    if not known:
+        _fail(f"no run {run!r} in {s.root}; list them with: workbench runs")
+    _print_query(s, q, fmt)
+
+
+def _print_query(store: Store, query: str, fmt: str) -> None:
+    from workbench.query import QueryError, run_query
+
+    try:
+        out = run_query(store, query, fmt="json" if fmt == "json" else "csv")
+    except (QueryError, StoreError) as e:
+        _fail(str(e), 1)
+    if fmt == "table":
+        rows = list(csv.reader(io.StringIO(out)))
+        table = Table(header_style="bold")
+        for name in rows[0] if rows else []:
+            table.add_column(name, no_wrap=True, overflow="ellipsis")
+        for r in rows[1:]:
+            table.add_row(*r)
+        out_console = Console()
+        if not out_console.is_terminal:
+            out_console = Console(width=100_000)  # piped: never cut a value
+        out_console.print(table, crop=False)
+        print(f"({len(rows) - 1} rows)", file=sys.stderr)
+    else:
+        sys.stdout.write(out)

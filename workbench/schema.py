@@ -1,0 +1,110 @@
+"""Column names and dtypes of every stored table, declared once.
+
+Ingestors produce frames in these shapes; the store checks them on the way in (`conform`).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+# One row per logged point of one chunk (a batch of one source file), as written to Parquet.
+SCALAR_PART = {
+    "run_id": pl.String,
+    "chunk_id": pl.Int64,
+    "tag": pl.String,
+    "step": pl.Int64,
+    "wall_time": pl.Float64,
+    "value": pl.Float64,
+    # superseded by a later point of the same tag inside the same chunk (see store docs)
+    "local_superseded": pl.Boolean,
+}
+
+# What an ingestor hands over for one batch: points in the order they were logged.
+POINTS = {"tag": pl.String, "step": pl.Int64, "wall_time": pl.Float64, "value": pl.Float64}
+
+FILES = {
+    "path": pl.String,  # absolute path
+    "run_id": pl.String,
+    "format": pl.String,  # ingestor name, or null when skipped
+    "status": pl.String,  # ok | problems | skipped | error
+    "size": pl.Int64,
+    "mtime_ns": pl.Int64,
+    "consumed": pl.Int64,  # bytes read so far; the next ingest resumes here
+    "head_sig": pl.String,  # hash of the first bytes, to tell a rewrite from an append
+    "tail_sig": pl.String,  # hash of the bytes just before `consumed`
+    "first_wall_time": pl.Float64,  # orders a run's files into segments
+    "records": pl.Int64,
+    "points": pl.Int64,
+    "problems": pl.Int64,
+    "note": pl.String,  # why skipped, or the last error
+    "ingested_at": pl.Float64,
+}
+
+CHUNKS = {
+    "chunk_id": pl.Int64,
+    "run_id": pl.String,
+    "path": pl.String,
+    "source": pl.String,
+    "start_offset": pl.Int64,
+    "end_offset": pl.Int64,
+    "rows": pl.Int64,
+}
+
+# Per chunk and tag: the step range, for cross-chunk preemption and quick summaries.
+CHUNK_TAGS = {
+    "chunk_id": pl.Int64,
+    "tag": pl.String,
+    "points": pl.Int64,
+    "min_step": pl.Int64,
+    "max_step": pl.Int64,
+}
+
+EVENTS = {
+    "run_id": pl.String,
+    "step": pl.Int64,
+    "wall_time": pl.Float64,
+    "kind": pl.String,
+    "message": pl.String,
+    "attrs": pl.String,  # JSON object
+    "path": pl.String,
+    "offset": pl.Int64,
+}
+
+PROBLEMS = {
+    "path": pl.String,
+    "run_id": pl.String,
+    "offset": pl.Int64,  # byte offset (binary formats) or line number (text formats)
+    "kind": pl.String,
+    "message": pl.String,
+}
+
+# Per run and tag: the first-seen summary plugin (TensorBoard applies the first metadata only).
+PLUGINS = {"run_id": pl.String, "tag": pl.String, "plugin": pl.String}
+
+# Per run: configuration gathered from the logs (hparams, ...), as a JSON object.
+RUN_CONFIG = {"run_id": pl.String, "config": pl.String}
+
+ROOTS = {"root": pl.String}
+
+META_TABLES = {
+    "files": FILES,
+    "chunks": CHUNKS,
+    "chunk_tags": CHUNK_TAGS,
+    "events": EVENTS,
+    "problems": PROBLEMS,
+    "plugins": PLUGINS,
+    "run_config": RUN_CONFIG,
+    "roots": ROOTS,
+}
+
+
+def empty(schema: dict) -> pl.DataFrame:
+    return pl.DataFrame(schema=schema)
+
+
+def conform(df: pl.DataFrame, schema: dict, what: str) -> pl.DataFrame:
+    """Select and cast `df` to `schema`; a missing column is a bug in the producer."""
+    missing = [c for c in schema if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what}: missing columns {missing}")
+    return df.select([pl.col(c).cast(t, strict=True) for c, t in schema.items()])

@@ -1,0 +1,461 @@
+"""The store: Parquet parts for points, immutable metadata generations, DuckDB views.
+
+Layout of a store directory (default `.workbench/`):
+
+    CURRENT                    name of the live metadata generation (replaced atomically)
+    meta/gNNNNNNNN/*.parquet   one immutable generation: files, chunks, chunk_tags, events, ...
+    scalars/<run-key>/cN.parquet   points of one chunk (a batch of one source file), zstd
+    catalog.duckdb             views for the duckdb CLI, rebuilt (temp + rename) on each commit
+    lock                       held by the one ingest that may write
+
+A writer writes parts first and then a new generation; only a generation makes parts visible
+(the views join parts to the generation's chunk list), so killing an ingest at any moment leaves
+the previous generation in force and the next ingest redoes the lost work. Readers open Parquet
+through an in-memory DuckDB and never take a lock, so an open app never blocks an ingest.
+
+Preemption (what `superseded` means): within a (run, source, tag), points are ordered as they
+were written: files by their first wall time (then path), chunks by offset, rows in file order.
+A point is superseded when a later point has a step <= its own, as TensorBoard's loader does
+when a resumed writer logs step 100 again. The view `scalars` keeps the rest, so it is unique
+on (run_id, tag, step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from workbench import aliases, schema
+
+DEFAULT_STORE = ".workbench"
+
+
+class StoreError(Exception):
+    """A problem a user can act on (message says what to do)."""
+
+
+def store_path(explicit: str | os.PathLike | None = None) -> Path:
+    return Path(explicit or os.environ.get("WORKBENCH_STORE") or DEFAULT_STORE)
+
+
+def run_key(run_id: str) -> str:
+    """A file-system-safe, collision-free folder name for a run."""
+    slug = urllib.parse.quote(run_id, safe="")[:80]
+    return f"{slug}-{hashlib.sha1(run_id.encode()).hexdigest()[:10]}"
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        _fsync_file(path)
+
+
+def write_parquet_atomic(df: pl.DataFrame, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    df.write_parquet(tmp, compression="zstd", statistics=True)
+    _fsync_file(tmp)
+    os.replace(tmp, path)
+
+
+class Store:
+    """A store directory. `writer()` for ingest, `connect()` for queries."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = store_path(root).absolute()
+
+    # ---- reading -------------------------------------------------------------------------
+    def current_generation(self) -> Path | None:
+        try:
+            name = (self.root / "CURRENT").read_text().strip()
+        except FileNotFoundError:
+            return None
+        return self.root / "meta" / name
+
+    def exists(self) -> bool:
+        return self.current_generation() is not None
+
+    def read_meta(self, table: str, generation: Path | None = None) -> pl.DataFrame:
+        gen = generation or self.current_generation()
+        if gen is None:
+            return schema.empty(schema.META_TABLES[table])
+        return pl.read_parquet(gen / f"{table}.parquet")
+
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """An in-memory DuckDB connection with the store's views (read-only by construction)."""
+        gen = self.current_generation()
+        if gen is None:
+            raise StoreError(
+                f"no store at {self.root}. Create one with: workbench ingest PATH --store {self.root}"
+            )
+        con = duckdb.connect(":memory:")
+        for stmt in view_statements(self.root, gen):
+            con.execute(stmt)
+        return con
+
+    # ---- writing -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def writer(self, wait_s: float = 60.0) -> Iterator[StoreWriter]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        lock = open(self.root / "lock", "a+")  # noqa: SIM115 - held for the whole block
+        try:
+            _acquire(lock, self.root, wait_s)
+            lock.seek(0)
+            lock.truncate()
+            lock.write(str(os.getpid()))
+            lock.flush()
+            w = StoreWriter(self)
+            yield w
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
+
+
+def _acquire(lock, root: Path, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            holder = (root / "lock").read_text().strip() or "?"
+            if time.monotonic() >= deadline:
+                raise StoreError(
+                    f"another ingest (pid {holder}) is writing to {root}; "
+                    "try again when it has finished, or pass --wait SECONDS"
+                ) from None
+            if not said:
+                print(f"waiting for another ingest (pid {holder}) to finish ...", file=sys.stderr)
+                said = True
+            time.sleep(0.2)
+
+
+class StoreWriter:
+    """Stages changes to the store; nothing is visible until `commit()`."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.root = store.root
+        gen = store.current_generation()
+        self.generation = int(gen.name[1:]) if gen else 0
+        self.tables = {t: store.read_meta(t, gen) for t in schema.META_TABLES}
+        self.next_chunk_id = int(self.tables["chunks"]["chunk_id"].max() or 0) + 1
+        self._new: dict[str, list[pl.DataFrame]] = {t: [] for t in schema.META_TABLES}
+        self._dropped_paths: set[str] = set()
+        self._touched_runs: set[str] = set()
+        self._collect_garbage()
+
+    # Everything is keyed by source path: a rewritten or moved file is dropped whole, then re-read.
+    def drop_file(self, path: str) -> None:
+        self._dropped_paths.add(path)
+        for t in ("files", "chunks", "events", "problems"):
+            df = self.tables[t]
+            old = df.filter(pl.col("path") == path)
+            if t == "chunks":
+                self._touched_runs.update(old["run_id"].to_list())
+                ids = old["chunk_id"]
+                self.tables["chunk_tags"] = self.tables["chunk_tags"].filter(
+                    ~pl.col("chunk_id").is_in(ids.implode())
+                )
+            self.tables[t] = df.filter(pl.col("path") != path)
+            self._new[t] = [d.filter(pl.col("path") != path) for d in self._new[t]]
+
+    def add_chunk(
+        self, run_id: str, path: str, source: str, start: int, end: int, points: pl.DataFrame
+    ) -> int:
+        """Write one batch of points (in logged order) as a Parquet part; returns its chunk id."""
+        chunk_id = self.next_chunk_id
+        self.next_chunk_id += 1
+        points = schema.conform(points, schema.POINTS, f"points from {path}")
+        part = (
+            points.with_columns(
+                # a later point of the same tag at the same or a lower step preempts this one
+                local_superseded=(
+                    pl.col("step") >= pl.col("step").reverse().cum_min().reverse().shift(-1)
+                )
+                .over("tag")
+                .fill_null(False),
+                run_id=pl.lit(run_id),
+                chunk_id=pl.lit(chunk_id, pl.Int64),
+            )
+            .with_row_index("_seq")
+            .sort("tag", "step", "_seq")
+        )
+        part = schema.conform(part, schema.SCALAR_PART, "scalar part")
+        folder = self.root / "scalars" / run_key(run_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        if part.height:
+            write_parquet_atomic(part, folder / f"c{chunk_id}.parquet")
+        self._touched_runs.add(run_id)
+        self.add(
+            "chunks",
+            pl.DataFrame(
+                {
+                    "chunk_id": [chunk_id],
+                    "run_id": [run_id],
+                    "path": [path],
+                    "source": [source],
+                    "start_offset": [start],
+                    "end_offset": [end],
+                    "rows": [part.height],
+                },
+                schema=schema.CHUNKS,
+            ),
+        )
+        if part.height:
+            self.add(
+                "chunk_tags",
+                part.group_by("tag")
+                .agg(
+                    points=pl.len(),
+                    min_step=pl.col("step").min(),
+                    max_step=pl.col("step").max(),
+                )
+                .with_columns(chunk_id=pl.lit(chunk_id, pl.Int64)),
+            )
+        return chunk_id
+
+    def add(self, table: str, rows: pl.DataFrame | list[dict]) -> None:
+        sch = schema.META_TABLES[table]
+        df = rows if isinstance(rows, pl.DataFrame) else pl.DataFrame(rows, schema=sch)
+        if df.height:
+            self._new[table].append(schema.conform(df, sch, table))
+
+    def set_file(self, row: dict) -> None:
+        """Insert or replace a file's manifest row."""
+        self.tables["files"] = self.tables["files"].filter(pl.col("path") != row["path"])
+        self._new["files"] = [d.filter(pl.col("path") != row["path"]) for d in self._new["files"]]
+        self.add("files", [row])
+
+    def set_run_config(self, run_id: str, config: dict) -> None:
+        merged = dict(self.run_config(run_id))
+        merged.update(config)
+        for key in ("run_config",):
+            self.tables[key] = self.tables[key].filter(pl.col("run_id") != run_id)
+            self._new[key] = [d.filter(pl.col("run_id") != run_id) for d in self._new[key]]
+        self.add("run_config", [{"run_id": run_id, "config": json.dumps(merged, sort_keys=True)}])
+
+    def run_config(self, run_id: str) -> dict:
+        df = self.table("run_config").filter(pl.col("run_id") == run_id)
+        return json.loads(df["config"][0]) if df.height else {}
+
+    def plugins(self, run_id: str) -> dict[str, str]:
+        df = self.table("plugins").filter(pl.col("run_id") == run_id)
+        return dict(zip(df["tag"].to_list(), df["plugin"].to_list(), strict=True))
+
+    def table(self, name: str) -> pl.DataFrame:
+        """The table as it will be committed (stored rows plus staged ones)."""
+        return pl.concat([self.tables[name], *self._new[name]], how="vertical")
+
+    def file_row(self, path: str) -> dict | None:
+        df = self.table("files").filter(pl.col("path") == path)
+        return df.row(0, named=True) if df.height else None
+
+    def commit(self) -> Path:
+        """Publish everything staged as a new generation; returns its directory."""
+        self.generation += 1
+        name = f"g{self.generation:08d}"
+        meta = self.root / "meta"
+        meta.mkdir(exist_ok=True)
+        tmp = meta / (name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for t, sch in schema.META_TABLES.items():
+            df = schema.conform(self.table(t), sch, t)
+            df.write_parquet(tmp / f"{t}.parquet", compression="zstd")
+            _fsync_file(tmp / f"{t}.parquet")
+        final = meta / name
+        os.replace(tmp, final)
+        _fsync_dir(meta)
+        cur_tmp = self.root / "CURRENT.tmp"
+        cur_tmp.write_text(name + "\n")
+        _fsync_file(cur_tmp)
+        os.replace(cur_tmp, self.root / "CURRENT")
+        _fsync_dir(self.root)
+        for t in schema.META_TABLES:
+            self.tables[t] = self.table(t)
+            self._new[t] = []
+        self._write_catalog(final)
+        return final
+
+    def _write_catalog(self, gen: Path) -> None:
+        """A DuckDB file with the same views, for people who open the store with the duckdb CLI."""
+        tmp = self.root / "catalog.duckdb.tmp"
+        tmp.unlink(missing_ok=True)
+        con = duckdb.connect(str(tmp))
+        try:
+            for stmt in view_statements(self.root, gen):
+                con.execute(stmt)
+        finally:
+            con.close()
+        os.replace(tmp, self.root / "catalog.duckdb")
+
+    def _collect_garbage(self) -> None:
+        """Remove what no live generation refers to: parts of killed ingests, old generations."""
+        meta = self.root / "meta"
+        if not meta.exists():
+            return
+        gens = sorted(p for p in meta.iterdir() if re.fullmatch(r"g\d{8}", p.name))
+        for p in meta.iterdir():
+            if p.name.endswith(".tmp"):
+                shutil.rmtree(p, ignore_errors=True)
+        current = self.store.current_generation()
+        keep = [g for g in gens if current is not None and g <= current][-2:]  # readers may lag one
+        for g in gens:
+            if g not in keep:
+                shutil.rmtree(g, ignore_errors=True)
+        live: set[str] = set()
+        for g in keep:
+            chunks = pl.read_parquet(g / "chunks.parquet", columns=["chunk_id", "run_id"])
+            live.update(
+                f"{run_key(r)}/c{c}.parquet"
+                for c, r in zip(chunks["chunk_id"].to_list(), chunks["run_id"].to_list(), strict=True)
+            )
+        scalars = self.root / "scalars"
+        if scalars.exists():
+            for part in scalars.glob("*/*"):
+                if f"{part.parent.name}/{part.name}" not in live:
+                    part.unlink(missing_ok=True)
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _table_sql(path: Path) -> str:
+    return f"SELECT * FROM read_parquet({_sql_str(str(path))})"
+
+
+def view_statements(root: Path, gen: Path) -> list[str]:
+    """CREATE VIEW statements for the documented views over one generation."""
+    stmts = [
+        f"CREATE OR REPLACE VIEW _{t} AS {_table_sql(gen / (t + '.parquet'))}"
+        for t in schema.META_TABLES
+    ]
+    parts = sorted((root / "scalars").glob("*/c*.parquet")) if (root / "scalars").exists() else []
+    if parts:
+        glob = _sql_str(str(root / "scalars" / "*" / "c*.parquet"))
+        part_sql = f"SELECT * FROM read_parquet({glob})"
+    else:
+        cols = ", ".join(
+            f"CAST(NULL AS {_duck_type(t)}) AS {c}" for c, t in schema.SCALAR_PART.items()
+        )
+        part_sql = f"SELECT {cols} WHERE false"
+    user = aliases.load_user_aliases(root, Path.cwd())
+    metric_rows = (
+        f"SELECT DISTINCT tag, {aliases.metric_case_sql('tag', user)} AS metric FROM _chunk_tags"
+    )
+    stmts += [
+        f"CREATE OR REPLACE VIEW _parts AS {part_sql}",
+        f"CREATE OR REPLACE VIEW _tag_metric AS {metric_rows}",
+        # segments: a run's files in the order they were first written
+        """CREATE OR REPLACE VIEW _file_order AS
+           SELECT path, run_id,
+                  dense_rank() OVER (PARTITION BY run_id
+                                     ORDER BY first_wall_time NULLS LAST, path) - 1 AS segment
+           FROM _files WHERE format IS NOT NULL""",
+        """CREATE OR REPLACE VIEW _cutoffs AS
+           SELECT ct.chunk_id, ct.tag,
+                  min(ct.min_step) OVER (
+                      PARTITION BY c.run_id, c.source, ct.tag
+                      ORDER BY fo.segment, c.start_offset
+                      ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS cutoff
+           FROM _chunk_tags ct JOIN _chunks c USING (chunk_id)
+           JOIN _file_order fo ON fo.path = c.path""",
+        """CREATE OR REPLACE VIEW scalars_all AS
+           SELECT p.run_id, p.tag, m.metric, p.step, p.wall_time, p.value,
+                  c.source, fo.segment, c.path AS source_file,
+                  (p.local_superseded OR coalesce(p.step >= k.cutoff, false)) AS superseded
+           FROM _parts p
+           JOIN _chunks c ON c.chunk_id = p.chunk_id
+           JOIN _file_order fo ON fo.path = c.path
+           LEFT JOIN _cutoffs k ON k.chunk_id = p.chunk_id AND k.tag = p.tag
+           LEFT JOIN _tag_metric m ON m.tag = p.tag""",
+        """CREATE OR REPLACE VIEW scalars AS
+           SELECT run_id, tag, metric, step, wall_time, value FROM scalars_all
+           WHERE NOT superseded""",
+        """CREATE OR REPLACE VIEW files AS
+           SELECT f.path, f.run_id, f.format, f.status, f.size, f.consumed, f.records,
+                  f.points, f.problems, f.note, fo.segment,
+                  to_timestamp(f.mtime_ns / 1e9) AS mtime, to_timestamp(f.ingested_at) AS ingested_at
+           FROM _files f LEFT JOIN _file_order fo USING (path)""",
+        "CREATE OR REPLACE VIEW events AS SELECT run_id, step, wall_time, kind, message, attrs, "
+        "path AS source_file, \"offset\" FROM _events",
+        "CREATE OR REPLACE VIEW problems AS SELECT * FROM _problems",
+        """CREATE OR REPLACE VIEW runs AS
+           WITH pts AS (
+               SELECT c.run_id, sum(ct.points) AS points, count(DISTINCT ct.tag) AS tags,
+                      min(ct.min_step) AS first_step, max(ct.max_step) AS last_step
+               FROM _chunk_tags ct JOIN _chunks c USING (chunk_id) GROUP BY c.run_id),
+           fl AS (
+               SELECT run_id, string_agg(DISTINCT format, ',' ORDER BY format) AS formats,
+                      count(*) AS files, sum(problems) AS problems,
+                      min(first_wall_time) AS first_wall_time,
+                      max(mtime_ns) AS last_mtime_ns, max(ingested_at) AS ingested_at
+               FROM _files WHERE format IS NOT NULL GROUP BY run_id),
+           seg AS (SELECT run_id, count(*) AS segments FROM _file_order GROUP BY run_id)
+           SELECT fl.run_id, rs.status, rs.evidence, fl.formats, fl.files, seg.segments,
+                  coalesce(pts.points, 0) AS points, coalesce(pts.tags, 0) AS tags,
+                  pts.first_step, pts.last_step,
+                  to_timestamp(fl.first_wall_time) AS started,
+                  to_timestamp(fl.last_mtime_ns / 1e9) AS last_write,
+                  fl.problems, rc.config, to_timestamp(fl.ingested_at) AS ingested_at
+           FROM fl LEFT JOIN pts USING (run_id) LEFT JOIN seg USING (run_id)
+           LEFT JOIN _run_config rc USING (run_id)
+           LEFT JOIN _run_status rs USING (run_id)""",
+    ]
+    stmts.insert(
+        len(schema.META_TABLES),
+        f"CREATE OR REPLACE VIEW _run_status AS {run_status_sql()}",
+    )
+    return stmts
+
+
+def _duck_type(t) -> str:
+    return {
+        pl.String: "VARCHAR",
+        pl.Int64: "BIGINT",
+        pl.Float64: "DOUBLE",
+        pl.Boolean: "BOOLEAN",
+    }[t]
+
+
+def run_status_sql() -> str:
+    """Status inferred from evidence: hparams session end, non-finite loss tail, file age."""
+    return """
+        SELECT f.run_id,
+          CASE
+            WHEN json_extract_string(rc.config, '$.session_status') = 'FAILURE' THEN 'crashed'
+            WHEN json_extract_string(rc.config, '$.session_status') = 'SUCCESS' THEN 'completed'
+            WHEN max(f.mtime_ns) > (epoch_ns(now()) - 300e9) THEN 'running'
+            ELSE 'unknown' END AS status,
+          CASE
+            WHEN json_extract_string(rc.config, '$.session_status') IS NOT NULL
+              THEN 'hparams session_end_info: ' || json_extract_string(rc.config, '$.session_status')
+            WHEN max(f.mtime_ns) > (epoch_ns(now()) - 300e9)
+              THEN 'a log file was written in the last 5 minutes'
+            ELSE 'no end-of-run evidence in the logs' END AS evidence
+        FROM _files f LEFT JOIN _run_config rc USING (run_id)
+        WHERE f.format IS NOT NULL
+        GROUP BY f.run_id, rc.config
+    """
