@@ -36,7 +36,9 @@ class Found:
 
 
 def _is_store(d: Path) -> bool:
-    return (d / "CURRENT").is_file() and (d / "meta").is_dir()
+    from workbench.store import MARKER
+
+    return (d / MARKER).is_file()
 
 
 def _sniff(path: Path, ingestors) -> str | None:

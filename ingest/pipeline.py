@@ -16,7 +16,14 @@ from pathlib import Path
 
 import polars as pl
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from ingest.base import Problem
 from ingest.discover import Found, discover, run_id_for

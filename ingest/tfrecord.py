@@ -367,7 +367,7 @@ def _decode_tensor(buf, p, end, s32, s64):
             value = np.float64(_u64(buf, c))
         elif dtype == DT_UINT32 and content_len == 4:
             value = np.float64(_u32(buf, c))
-        elif (dtype == DT_BOOL or dtype == DT_UINT8 or dtype == DT_INT8) and content_len == 1:
+        elif (dtype == DT_BOOL or dtype == DT_UINT8 or dtype == DT_INT8) and content_len == 1:  # noqa: SIM109 - numba
             value = np.float64(np.int8(buf[c])) if dtype == DT_INT8 else np.float64(buf[c])
         elif dtype == DT_INT16 and content_len == 2:
             value = np.float64(np.int16(np.int64(buf[c]) | (np.int64(buf[c + 1]) << 8)))

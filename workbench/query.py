@@ -10,7 +10,6 @@ import duckdb
 from workbench.store import Store
 
 
-
 class QueryError(Exception):
     pass
 

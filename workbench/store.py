@@ -41,6 +41,7 @@ import polars as pl
 from workbench import aliases, schema
 
 DEFAULT_STORE = ".workbench"
+MARKER = "WORKBENCH_STORE"  # marks a folder as a store, so ingest never reads a store's own files
 
 
 class StoreError(Exception):
@@ -116,6 +117,7 @@ class Store:
     @contextlib.contextmanager
     def writer(self, wait_s: float = 60.0) -> Iterator[StoreWriter]:
         self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / MARKER).touch()
         lock = open(self.root / "lock", "a+")  # noqa: SIM115 - held for the whole block
         try:
             _acquire(lock, self.root, wait_s)

@@ -1,0 +1,107 @@
+"""The CLI as a user drives it: stdout carries only results, exit codes, messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import DATA
+
+GEN = DATA / "generated"
+
+
+def wb(*args, store, check=True, **kw):
+    env = {**os.environ, "WORKBENCH_STORE": str(store)}
+    p = subprocess.run([sys.executable, "-m", "workbench", *map(str, args)], capture_output=True, text=True, env=env, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"exit {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def tbx_store(tmp_path_factory):
+    store = tmp_path_factory.mktemp("cli") / "store"
+    p = wb("ingest", GEN / "tbx_run", store=store)
+    assert p.stdout == ""  # progress and summary go to stderr
+    assert "ingested 1 runs" in p.stderr
+    return store
+
+
+def test_sql_csv_renders_as_duckdb(tbx_store):
+    p = wb("sql", "SELECT tag, step, value, superseded FROM scalars_all WHERE step = 120 AND tag = 'train/loss' "
+           "ORDER BY superseded", "--format", "csv", store=tbx_store)
+    assert p.stdout == "tag,step,value,superseded\ntrain/loss,120,0.4912022352218628,false\ntrain/loss,120,9.5,true\n"
+
+
+def test_sql_json_is_one_array_of_objects(tbx_store):
+    p = wb("sql", "SELECT run_id, count(*) AS n FROM scalars GROUP BY run_id", "--format", "json", store=tbx_store)
+    assert json.loads(p.stdout) == [{"run_id": "run_a", "n": 47}]
+    empty = wb("sql", "SELECT * FROM scalars WHERE false", "--format", "json", store=tbx_store)
+    assert json.loads(empty.stdout) == []
+
+
+def test_sql_step_is_bigint_and_views_have_contract_columns(tbx_store):
+    p = wb("sql", "SELECT column_name, column_type FROM (DESCRIBE scalars)", "--format", "csv", store=tbx_store)
+    assert p.stdout.splitlines()[1:] == [
+        "run_id,VARCHAR", "tag,VARCHAR", "metric,VARCHAR", "step,BIGINT", "wall_time,DOUBLE", "value,DOUBLE"
+    ]
+    cols = wb("sql", "SELECT column_name FROM (DESCRIBE scalars_all)", "--format", "csv", store=tbx_store).stdout
+    assert {"source", "segment", "superseded"} <= set(cols.split())
+
+
+@pytest.mark.parametrize("query", ["DELETE FROM scalars", "COPY (SELECT 1) TO '/tmp/x.csv'", "ATTACH 'x.db'",
+                                   "SELECT 1; SELECT 2"])
+def test_sql_is_read_only(tbx_store, query):
+    p = wb("sql", query, store=tbx_store, check=False)
+    assert p.returncode == 1 and p.stdout == ""
+    assert "error:" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_sql_error_is_a_message(tbx_store):
+    p = wb("sql", "SELECT nope FROM scalars", store=tbx_store, check=False)
+    assert p.returncode == 1 and "nope" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_runs_and_tags_commands(tbx_store):
+    runs = wb("runs", "--format", "csv", store=tbx_store).stdout.splitlines()
+    assert runs[0].startswith("run_id,status,")
+    assert runs[1].startswith("run_a,completed,tensorboard,3,3,57,3,0,250,0,")
+    tags = wb("tags", "run_a", "--format", "csv", store=tbx_store).stdout.splitlines()
+    assert tags == [
+        "tag,metric,points,first_step,last_step,non_finite",
+        "hparam/final_loss,,1,0,0,0",
+        "train/loss,loss,26,0,250,0",
+        "train/lr,lr,20,0,190,0",
+    ]
+    missing = wb("tags", "nope", store=tbx_store, check=False)
+    assert missing.returncode == 2 and "workbench runs" in missing.stderr
+
+
+def test_exit_codes(tmp_path):
+    store = tmp_path / "s"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "events.out.tfevents.corrupt_mid").write_bytes((GEN / "broken/events.out.tfevents.corrupt_mid").read_bytes())
+    ok = wb("ingest", bad, store=store, check=False)
+    assert ok.returncode == 0 and "20826" in ok.stderr
+    (bad / "events.out.tfevents.corrupt_mid").touch()
+    strict = wb("ingest", bad, "--strict", store=tmp_path / "s2", check=False)
+    assert strict.returncode == 1
+    nothing = tmp_path / "nothing"
+    nothing.mkdir()
+    (nothing / "notes.txt").write_text("hi")
+    none = wb("ingest", nothing, store=tmp_path / "s3", check=False)
+    assert none.returncode == 2 and "no log files" in none.stderr
+    missing = wb("ingest", tmp_path / "does-not-exist", store=tmp_path / "s4", check=False)
+    assert missing.returncode == 2 and "does-not-exist" in missing.stderr
+    nostore = wb("runs", store=tmp_path / "never", check=False)
+    assert nostore.returncode == 1 and "workbench ingest" in nostore.stderr
+
+
+@pytest.mark.parametrize("cmd", ["ingest", "sql", "runs", "tags"])
+def test_every_command_has_help_with_an_example(cmd, tmp_path):
+    p = wb(cmd, "--help", store=tmp_path)
+    assert "Example:" in p.stdout and "workbench " in p.stdout.split("Example:")[1]

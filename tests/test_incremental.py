@@ -1,0 +1,99 @@
+"""Re-ingest: unchanged files decode nothing, grown files resume, rewritten files re-read alone."""
+
+from __future__ import annotations
+
+import shutil
+
+from conftest import DATA, ingest_paths, q
+from tensorboardX import SummaryWriter
+from writers import tbx_scalars
+
+
+def _snapshot(store):
+    return q(store, "SELECT run_id, tag, step, value, superseded FROM scalars_all ORDER BY ALL")
+
+
+def test_reingest_unchanged_tree_reads_nothing_and_changes_nothing(store, data_copy):
+    first = ingest_paths(store, data_copy)
+    before = _snapshot(store)
+    gen_before = store.current_generation()
+    again = ingest_paths(store, data_copy)
+    assert again.files_read == 0 and again.bytes_read == 0 and again.points == 0
+    assert again.files_unchanged == first.files_read
+    assert _snapshot(store).equals(before)
+    assert store.current_generation() != gen_before  # a commit happened, with the same content
+    dupes = q(store, "SELECT run_id, tag, step, count(*) n FROM scalars GROUP BY ALL HAVING n > 1")
+    assert dupes.height == 0
+
+
+def test_growing_file_resumes_from_saved_offset(store, tmp_path):
+    w = SummaryWriter(str(tmp_path / "run"))
+    for s in range(50):
+        w.add_scalar("loss", float(s), s)
+    w.flush()
+    first = ingest_paths(store, tmp_path / "run")  # tensorboardX flushes asynchronously: some of 50
+    size_1 = q(store, "SELECT consumed FROM files")["consumed"][0]
+    for s in range(50, 120):
+        w.add_scalar("loss", float(s), s)
+    w.close()
+    r = ingest_paths(store, tmp_path / "run")
+    assert r.files_read == 1 and r.points == 120 - first.points
+    assert r.bytes_read == (tmp_path / "run").glob("*tfevents*").__next__().stat().st_size - size_1
+    df = q(store, "SELECT step, value FROM scalars ORDER BY step")
+    assert df["step"].to_list() == list(range(120))
+    assert q(store, "SELECT count(*) n FROM scalars_all")["n"][0] == 120
+
+
+def test_unfinished_record_completed_later(store, tmp_path):
+    src = DATA / "generated/tbx_run/run_a/events.out.tfevents.1796036286.vm"
+    run = tmp_path / "run"
+    run.mkdir()
+    full = src.read_bytes()
+    (run / src.name).write_bytes(full[:-7])
+    ingest_paths(store, run)
+    assert q(store, "SELECT count(*) n FROM events WHERE kind = 'text'")["n"][0] == 0
+    (run / src.name).write_bytes(full)
+    r = ingest_paths(store, run)
+    assert r.bytes_read == 87 + 16  # just the completed record
+    assert q(store, "SELECT count(*) n FROM events WHERE kind = 'text'")["n"][0] == 1
+    assert q(store, "SELECT count(*) n FROM scalars")["n"][0] == 40
+
+
+def test_rewritten_file_is_reread_alone(store, tmp_path):
+    f = tbx_scalars(tmp_path / "run", {"loss": [(s, 1.0) for s in range(30)]})
+    tbx_scalars(tmp_path / "other", {"loss": [(s, 2.0) for s in range(10)]})
+    ingest_paths(store, tmp_path)
+    # replace the first file with different content under the same name
+    tmp = tbx_scalars(tmp_path / "scratch", {"loss": [(s, 3.0) for s in range(5)]})
+    shutil.copy(tmp, f)
+    shutil.rmtree(tmp_path / "scratch")
+    r = ingest_paths(store, tmp_path)
+    assert r.files_read == 1
+    df = q(store, "SELECT run_id, count(*) n, max(value) v FROM scalars_all GROUP BY run_id ORDER BY run_id")
+    assert df.rows() == [("other", 10, 2.0), ("run", 5, 3.0)]
+
+
+def test_deleted_file_keeps_its_points(store, tmp_path):
+    f = tbx_scalars(tmp_path / "run", {"loss": [(s, 1.0) for s in range(30)]})
+    ingest_paths(store, tmp_path)
+    f.unlink()
+    tbx_scalars(tmp_path / "run2", {"loss": [(0, 1.0)]})
+    ingest_paths(store, tmp_path)
+    assert q(store, "SELECT count(*) n FROM scalars WHERE run_id = 'run'")["n"][0] == 30
+
+
+def test_run_ids_stay_stable_when_a_subfolder_is_ingested(store, tmp_path):
+    tbx_scalars(tmp_path / "group/exp1", {"loss": [(0, 1.0)]})
+    tbx_scalars(tmp_path / "group/exp2", {"loss": [(0, 1.0)]})
+    ingest_paths(store, tmp_path)
+    tbx_scalars(tmp_path / "group/exp3", {"loss": [(0, 1.0)]})
+    ingest_paths(store, tmp_path / "group")
+    runs = q(store, "SELECT run_id FROM runs ORDER BY run_id")["run_id"].to_list()
+    assert runs == ["group/exp1", "group/exp2", "group/exp3"]
+
+
+def test_same_step_twice_in_one_file_keeps_the_last(store, tmp_path):
+    tbx_scalars(tmp_path / "run", {"loss": [(0, 1.0), (1, 2.0), (2, 3.0), (1, 20.0), (2, 30.0), (3, 4.0)]})
+    ingest_paths(store, tmp_path / "run")
+    assert q(store, "SELECT step, value FROM scalars ORDER BY step").rows() == [(0, 1.0), (1, 20.0), (2, 30.0), (3, 4.0)]
+    assert q(store, "SELECT count(*) n FROM scalars_all WHERE superseded")["n"][0] == 2

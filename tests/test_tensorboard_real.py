@@ -1,0 +1,120 @@
+"""TensorBoard ingest on real event files (FORMATS.md §6 rows 1, 2, 4-7), tbparse as the oracle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import DATA, ingest_paths, q
+from tbparse import SummaryReader
+
+KERAS = DATA / "keras_tf2_swahili_stt"
+GEN = DATA / "generated"
+
+
+def test_keras_v2_file_epoch_loss_and_profile_placeholder_skipped(store):
+    report = ingest_paths(store, KERAS)
+    df = q(store, "SELECT tag, step, value FROM scalars ORDER BY step")
+    assert df["tag"].unique().to_list() == ["epoch_loss"]
+    assert df["step"].to_list() == list(range(10))
+    assert df["value"][0] == 332.6841735839844
+    assert df["value"][-1] == 234.7978057861328
+    assert report.files_read == 1 and report.files_skipped == 1
+    files = q(store, "SELECT path, status FROM files ORDER BY path")
+    assert files["status"].to_list() == ["ok", "skipped"]
+    assert files["path"][1].endswith(".profile-empty")
+    assert q(store, "SELECT run_id FROM runs")["run_id"].to_list() == ["keras_tf2_swahili_stt"]
+
+
+def test_tf_free_writer_float_val_tensor(store):
+    ingest_paths(store, GEN / "tb_native_run")
+    df = q(store, "SELECT tag, step, value FROM scalars ORDER BY step")
+    assert df["tag"].unique().to_list() == ["eval/accuracy"]
+    assert df["step"].to_list() == list(range(0, 50, 5))
+    assert df["value"][-1] == 0.949999988079071  # float32 widened, not rounded
+
+
+def test_resumed_writer_preemption_and_hparams_subrun(store):
+    ingest_paths(store, GEN / "tbx_run")
+    runs = q(store, "SELECT run_id, segments, status, config FROM runs")
+    assert runs["run_id"].to_list() == ["run_a"]  # the add_hparams folder attaches to run_a
+    config = json.loads(runs["config"][0])
+    assert config["hparams"] == {"bs": 32.0, "lr": 0.001, "opt": "adam"}
+    assert config["session_status"] == "SUCCESS"
+    assert runs["status"][0] == "completed"
+
+    loss = q(store, "SELECT step, value FROM scalars WHERE tag = 'train/loss' ORDER BY step")
+    assert loss.height == 26
+    assert loss["step"].to_list() == list(range(0, 260, 10))
+    assert loss["step"].n_unique() == loss.height
+    raw = q(store, "SELECT step, value, superseded, segment FROM scalars_all WHERE tag = 'train/loss'")
+    assert raw.height == 36
+    sup = raw.filter("superseded")
+    assert sup.height == 10
+    assert sorted(sup["step"].to_list()) == list(range(100, 200, 10))
+    assert set(sup["segment"].to_list()) == {0}  # the first writer's points lose
+    # the first writer's spike at step 120 is kept, but superseded by the resumed writer's value
+    assert raw.filter((raw["step"] == 120) & raw["superseded"])["value"].to_list() == [9.5]
+    assert loss.filter(loss["step"] == 120)["value"][0] == pytest.approx(0.4912022352218628)
+
+    lr = q(store, "SELECT count(*) AS n FROM scalars WHERE tag = 'train/lr'")
+    assert lr["n"][0] == 20
+    final = q(store, "SELECT value FROM scalars WHERE tag = 'hparam/final_loss'")
+    assert final.height == 1
+    text = q(store, "SELECT step, kind, message FROM events WHERE kind = 'text'")
+    assert text.rows() == [(0, "text", "run_a started; **markdown** text")]
+    metrics = dict(q(store, "SELECT DISTINCT tag, metric FROM scalars").rows())
+    assert metrics["train/loss"] == "loss" and metrics["train/lr"] == "lr"
+    assert metrics["hparam/final_loss"] is None
+
+
+def test_truncated_file_is_an_unfinished_write(store, tmp_path):
+    run = tmp_path / "t"
+    run.mkdir()
+    (run / "events.out.tfevents.truncated").write_bytes((GEN / "broken/events.out.tfevents.truncated").read_bytes())
+    report = ingest_paths(store, run)
+    assert report.problems == []
+    counts = dict(q(store, "SELECT tag, count(*) FROM scalars GROUP BY tag").rows())
+    assert counts == {"train/loss": 20, "train/lr": 20}
+    f = q(store, "SELECT consumed, note FROM files")
+    assert f["consumed"][0] == 41941
+    assert "41941" in f["note"][0]
+
+
+def test_corrupt_record_is_salvaged_and_reported_with_offset(store, tmp_path):
+    run = tmp_path / "c"
+    run.mkdir()
+    (run / "events.out.tfevents.corrupt_mid").write_bytes((GEN / "broken/events.out.tfevents.corrupt_mid").read_bytes())
+    report = ingest_paths(store, run)
+    counts = dict(q(store, "SELECT tag, count(*) FROM scalars GROUP BY tag").rows())
+    assert counts == {"train/loss": 20, "train/lr": 20}  # TensorBoard stops at 11
+    assert [(p.offset, p.kind) for _, p in report.problems] == [(20826, "bad_data_crc")]
+    prob = q(store, "SELECT path, \"offset\", kind, message FROM problems")
+    assert prob["offset"].to_list() == [20826]
+    assert "10039" in prob["message"][0]
+    assert q(store, "SELECT count(*) AS n FROM events WHERE kind = 'text'")["n"][0] == 1
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        KERAS / "events.out.tfevents.1628697775.DESKTOP-V1DB051.21044.31250.v2",
+        GEN / "tb_native_run/events.out.tfevents.1796036290.vm.17224.0",
+        GEN / "tbx_run/run_a/events.out.tfevents.1796036286.vm",
+        GEN / "tbx_run/run_a/events.out.tfevents.1796036287.vm",
+        GEN / "tbx_run/run_a/1796036286.857561/events.out.tfevents.1796036286.vm",
+        GEN / "broken/events.out.tfevents.truncated",
+    ],
+    ids=lambda p: p.name,
+)
+def test_parity_with_tbparse(store, path):
+    reader = SummaryReader(str(path), extra_columns={"wall_time"})
+    oracle = reader.scalars if len(reader.scalars) else reader.tensors  # tbparse files float_val scalars as tensors
+    ingest_paths(store, path)
+    ours = q(store, "SELECT tag, step, wall_time, value FROM scalars_all ORDER BY tag, step")
+    expected = sorted(zip(oracle["tag"], oracle["step"], oracle["wall_time"], oracle["value"], strict=True))
+    assert len(ours) == len(expected) > 0
+    for (t, s, w, v), (et, es, ew, ev) in zip(ours.rows(), expected, strict=True):
+        assert (t, s) == (et, int(es))
+        assert w == pytest.approx(ew, abs=1e-6)
+        assert v == ev
