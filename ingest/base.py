@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import polars as pl
-
-from workbench import schema
+from workbench.points import Points
 
 
 @dataclass
@@ -20,13 +18,13 @@ class Problem:
 class Batch:
     """One consumed byte range [start, end) of one file.
 
-    `points` are in the order they were logged (schema.POINTS). `end` is where the next read
+    `points` are in the order they were logged. `end` is where the next read
     resumes: the start of an unfinished trailing record, or the end of the file.
     """
 
     start: int
     end: int
-    points: pl.DataFrame = field(default_factory=lambda: schema.empty(schema.POINTS))
+    points: Points = field(default_factory=Points.empty)
     events: list[dict] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     records: int = 0

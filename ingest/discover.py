@@ -18,7 +18,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-CONTAINER_DIRS = {"tb", "tensorboard", "tb_logs", "tensorboard_logs", "logs", "log", "monitor_tb", "monitor_csv"}
+CONTAINER_DIRS = {
+    "tb",
+    "tensorboard",
+    "tb_logs",
+    "tensorboard_logs",
+    "logs",
+    "log",
+    "monitor_tb",
+    "monitor_csv",
+}
 STAMP_PARENTS = {"runs", "monitor_tb", "monitor_csv"}  # their sub-folders are one run's sources
 CHECKPOINT_DIR = re.compile(r"checkpoint-\d+|global_step\d+|checkpoints?|last-checkpoint|ckpt")
 HPARAMS_DIR = re.compile(r"\d{9,11}\.\d+")
@@ -62,8 +71,11 @@ def discover(root: Path, ingestors) -> list[Found]:
     for dirpath, dirnames, filenames in os.walk(root):
         d = Path(dirpath)
         dirnames[:] = sorted(
-            n for n in dirnames
-            if not n.startswith(".") and n != "__pycache__" and not CHECKPOINT_DIR.fullmatch(n)
+            n
+            for n in dirnames
+            if not n.startswith(".")
+            and n != "__pycache__"
+            and not CHECKPOINT_DIR.fullmatch(n)
             and not _is_store(d / n)
         )
         for name in sorted(filenames):
@@ -86,8 +98,10 @@ def discover(root: Path, ingestors) -> list[Found]:
         if fmts and fmts <= SUB_SOURCE_FORMATS:
             if d.name in CONTAINER_DIRS:
                 return owner(parent)
-            if parent != root and parent.name in STAMP_PARENTS and (
-                HF_STAMP_DIR.fullmatch(d.name) or parent.name != "runs"
+            if (
+                parent != root
+                and parent.name in STAMP_PARENTS
+                and (HF_STAMP_DIR.fullmatch(d.name) or parent.name != "runs")
             ):
                 return owner(parent.parent)
             if HPARAMS_DIR.fullmatch(d.name) and formats.get(parent):

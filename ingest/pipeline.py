@@ -193,24 +193,36 @@ def _read_file(w, ingestor, f: Found, run_id, offset, prev, report, progress, ta
         for batch in ingestor.read(f.path, offset, w.plugins(run_id)):
             w.add_chunk(run_id, key, ingestor.name, batch.start, batch.end, batch.points)
             if batch.events:
-                w.add("events", pl.DataFrame(batch.events).with_columns(
-                    run_id=pl.lit(run_id), path=pl.lit(key)))
+                w.add(
+                    "events", pl.DataFrame(batch.events).with_columns(run_id=pl.lit(run_id), path=pl.lit(key))
+                )
             if batch.problems:
-                w.add("problems", [
-                    {"path": key, "run_id": run_id, "offset": p.offset, "kind": p.kind, "message": p.message}
-                    for p in batch.problems
-                ])
+                w.add(
+                    "problems",
+                    [
+                        {
+                            "path": key,
+                            "run_id": run_id,
+                            "offset": p.offset,
+                            "kind": p.kind,
+                            "message": p.message,
+                        }
+                        for p in batch.problems
+                    ],
+                )
                 report.problems.extend((key, p) for p in batch.problems)
             if batch.plugins:
-                w.add("plugins", [{"run_id": run_id, "tag": t, "plugin": p} for t, p in batch.plugins.items()])
+                w.add(
+                    "plugins", [{"run_id": run_id, "tag": t, "plugin": p} for t, p in batch.plugins.items()]
+                )
             if batch.config:
                 w.set_run_config(run_id, batch.config)
             if first_wall is None and batch.first_wall_time is not None:
                 first_wall = batch.first_wall_time
             records += batch.records
-            points += batch.points.height
+            points += len(batch.points)
             n_problems += len(batch.problems)
-            report.points += batch.points.height
+            report.points += len(batch.points)
             report.bytes_read += batch.end - batch.start
             progress.advance(task, batch.end - batch.start)
             consumed = batch.end
@@ -218,19 +230,32 @@ def _read_file(w, ingestor, f: Found, run_id, offset, prev, report, progress, ta
     except OSError as e:
         note = f"read error: {e.strerror or e}; kept what was read up to byte {consumed}"
         report.problems.append((key, Problem(consumed, "read_error", note)))
-        w.add("problems", [{"path": key, "run_id": run_id, "offset": consumed, "kind": "read_error", "message": note}])
+        w.add(
+            "problems",
+            [{"path": key, "run_id": run_id, "offset": consumed, "kind": "read_error", "message": note}],
+        )
         n_problems += 1
     if note:
         report.notes.append((key, note))
     report.files_read += 1
     report.runs.add(run_id)
-    w.set_file(_file_row(
-        f, run_id, "problems" if n_problems else "ok",
-        size=st.st_size, mtime_ns=st.st_mtime_ns, consumed=consumed,
-        head_sig=_sig(f.path, 0, min(SIG_BYTES, consumed)),
-        tail_sig=_sig(f.path, consumed - SIG_BYTES, consumed),
-        first_wall_time=first_wall, records=records, points=points, problems=n_problems, note=note,
-    ))
+    w.set_file(
+        _file_row(
+            f,
+            run_id,
+            "problems" if n_problems else "ok",
+            size=st.st_size,
+            mtime_ns=st.st_mtime_ns,
+            consumed=consumed,
+            head_sig=_sig(f.path, 0, min(SIG_BYTES, consumed)),
+            tail_sig=_sig(f.path, consumed - SIG_BYTES, consumed),
+            first_wall_time=first_wall,
+            records=records,
+            points=points,
+            problems=n_problems,
+            note=note,
+        )
+    )
 
 
 def print_report(report: IngestReport, console: Console | None = None, max_problems: int = 20) -> None:
@@ -239,8 +264,8 @@ def print_report(report: IngestReport, console: Console | None = None, max_probl
         console.print(f"[yellow]problem[/] {path} @ {p.offset}: {p.message}", highlight=False)
     if len(report.problems) > max_problems:
         console.print(
-            f"... and {len(report.problems) - max_problems} more: "
-            "workbench sql \"SELECT * FROM problems\"", highlight=False
+            f'... and {len(report.problems) - max_problems} more: workbench sql "SELECT * FROM problems"',
+            highlight=False,
         )
     for path, note in report.notes:
         console.print(f"[dim]note[/] {path}: {note}", highlight=False)

@@ -19,11 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import polars as pl
-import pyarrow as pa
 
 from ingest import tfrecord as T
 from ingest.base import Batch, Problem
+from workbench.points import Points
 
 BLOCK_BYTES = 64 << 20  # bounded memory: a file is decoded this many bytes at a time
 PARALLEL_MIN_RECORDS = 20_000  # below this, a second thread costs more than it saves
@@ -133,11 +132,24 @@ class TensorBoardIngestor:
         for i in np.flatnonzero(good & (what == T.EV_SESSION_LOG)):
             status = _SESSION_STATUS.get(int(sess[i]))
             if status == "START" and step[i] > 0:
-                batch.events.append(_event(step[i], wall[i], "resume", "SessionLog START: writer restarted", {}, base + offs[i]))
+                batch.events.append(
+                    _event(
+                        step[i], wall[i], "resume", "SessionLog START: writer restarted", {}, base + offs[i]
+                    )
+                )
             elif status == "CHECKPOINT":
                 ev = _full_event(buf, offs[i], lens[i])
                 path = ev.session_log.checkpoint_path if ev else ""
-                batch.events.append(_event(step[i], wall[i], "checkpoint", f"SessionLog CHECKPOINT {path}".strip(), {"checkpoint_path": path}, base + offs[i]))
+                batch.events.append(
+                    _event(
+                        step[i],
+                        wall[i],
+                        "checkpoint",
+                        f"SessionLog CHECKPOINT {path}".strip(),
+                        {"checkpoint_path": path},
+                        base + offs[i],
+                    )
+                )
         versions = np.flatnonzero(good & (what == T.EV_FILE_VERSION))
         if len(versions):
             ev = _full_event(buf, offs[versions[0]], lens[versions[0]])
@@ -153,8 +165,13 @@ class TensorBoardIngestor:
         if not T.tags_equal(buf, vals, rep_off, rep_len, group):
             # a 64-bit hash collision between two tag names: group by the bytes themselves
             names_all = [bytes(buf[o : o + n]) for o, n in vals[:, [T.VC_TAG_OFF, T.VC_TAG_LEN]]]
-            uniq_names, first, group = np.unique(np.array(names_all, dtype=object), return_index=True, return_inverse=True)
-        tags = [_utf8(buf[o : o + n]) for o, n in zip(vals[first, T.VC_TAG_OFF], vals[first, T.VC_TAG_LEN], strict=True)]
+            uniq_names, first, group = np.unique(
+                np.array(names_all, dtype=object), return_index=True, return_inverse=True
+            )
+        tags = [
+            _utf8(buf[o : o + n])
+            for o, n in zip(vals[first, T.VC_TAG_OFF], vals[first, T.VC_TAG_LEN], strict=True)
+        ]
         # the first metadata seen for a tag decides its plugin, for the whole run
         with_plugin = np.flatnonzero(vals[:, T.VC_PLUGIN_OFF] >= 0)
         g_with, first_with = np.unique(group[with_plugin], return_index=True)
@@ -171,17 +188,7 @@ class TensorBoardIngestor:
         scalar = (kind == T.V_SIMPLE) | ((kind == T.V_TENSOR_NUM) & is_scalar_plugin)
         rec = vals[:, T.VC_REC]
         sel = np.flatnonzero(scalar)
-        codes = pa.array(group[sel].astype(np.int32))
-        batch.points = pl.from_arrow(
-            pa.table(
-                {
-                    "tag": pa.DictionaryArray.from_arrays(codes, pa.array(tags, pa.string())),
-                    "step": pa.array(step[rec[sel]]),
-                    "wall_time": pa.array(wall[rec[sel]]),
-                    "value": pa.array(fvals[sel]),
-                }
-            )
-        ).with_columns(pl.col("tag").cast(pl.String))
+        batch.points = Points(tags, group[sel], step[rec[sel]], wall[rec[sel]], fvals[sel])
         # non-scalar values: text and hparams are decoded in full, the rest counted
         is_text = (plugin_arr == "text")[group] & (kind == T.V_TENSOR_STR)
         is_hparams = (plugin_arr == "hparams")[group]
@@ -189,7 +196,9 @@ class TensorBoardIngestor:
             i = rec[k]
             ev = _full_event(buf, offs[i], lens[i])
             text = _text_of(ev, tags[group[k]]) if ev else ""
-            batch.events.append(_event(step[i], wall[i], "text", text, {"tag": tags[group[k]]}, base + offs[i]))
+            batch.events.append(
+                _event(step[i], wall[i], "text", text, {"tag": tags[group[k]]}, base + offs[i])
+            )
         for i in np.unique(rec[is_hparams]):
             ev = _full_event(buf, offs[i], lens[i])
             if ev is not None:
@@ -197,7 +206,9 @@ class TensorBoardIngestor:
         other = ~scalar & ~is_text & ~is_hparams
         for name, code in (("histograms", T.V_HISTO), ("images", T.V_IMAGE), ("audio", T.V_AUDIO)):
             batch.counts[name] = int(((kind == code) & other).sum())
-        batch.counts["other_tensors"] = int((((kind == T.V_TENSOR_NUM) | (kind == T.V_TENSOR_STR) | (kind == T.V_TENSOR_OTHER)) & other).sum())
+        batch.counts["other_tensors"] = int(
+            (((kind == T.V_TENSOR_NUM) | (kind == T.V_TENSOR_STR) | (kind == T.V_TENSOR_OTHER)) & other).sum()
+        )
 
 
 def _utf8(b) -> str:

@@ -301,7 +301,16 @@ def _decode_tensor(buf, p, end, s32, s64):
             is_string = True
             p = _skip(buf, p, end, wt)
             n_vals += 1
-        elif field == 5 or field == 6 or field == 7 or field == 10 or field == 11 or field == 13 or field == 16 or field == 17:
+        elif (
+            field == 5
+            or field == 6
+            or field == 7
+            or field == 10
+            or field == 11
+            or field == 13
+            or field == 16
+            or field == 17
+        ):
             # typed repeated numeric fields, packed (wt 2) or not
             if wt == 2:
                 ln, p = _varint(buf, p, end)

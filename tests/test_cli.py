@@ -15,7 +15,9 @@ GEN = DATA / "generated"
 
 def wb(*args, store, check=True, **kw):
     env = {**os.environ, "WORKBENCH_STORE": str(store)}
-    p = subprocess.run([sys.executable, "-m", "workbench", *map(str, args)], capture_output=True, text=True, env=env, **kw)
+    p = subprocess.run(
+        [sys.executable, "-m", "workbench", *map(str, args)], capture_output=True, text=True, env=env, **kw
+    )
     if check and p.returncode != 0:
         raise AssertionError(f"exit {p.returncode}\n{p.stdout}\n{p.stderr}")
     return p
@@ -31,29 +33,54 @@ def tbx_store(tmp_path_factory):
 
 
 def test_sql_csv_renders_as_duckdb(tbx_store):
-    p = wb("sql", "SELECT tag, step, value, superseded FROM scalars_all WHERE step = 120 AND tag = 'train/loss' "
-           "ORDER BY superseded", "--format", "csv", store=tbx_store)
-    assert p.stdout == "tag,step,value,superseded\ntrain/loss,120,0.4912022352218628,false\ntrain/loss,120,9.5,true\n"
+    p = wb(
+        "sql",
+        "SELECT tag, step, value, superseded FROM scalars_all WHERE step = 120 AND tag = 'train/loss' "
+        "ORDER BY superseded",
+        "--format",
+        "csv",
+        store=tbx_store,
+    )
+    assert (
+        p.stdout
+        == "tag,step,value,superseded\ntrain/loss,120,0.4912022352218628,false\ntrain/loss,120,9.5,true\n"
+    )
 
 
 def test_sql_json_is_one_array_of_objects(tbx_store):
-    p = wb("sql", "SELECT run_id, count(*) AS n FROM scalars GROUP BY run_id", "--format", "json", store=tbx_store)
+    p = wb(
+        "sql",
+        "SELECT run_id, count(*) AS n FROM scalars GROUP BY run_id",
+        "--format",
+        "json",
+        store=tbx_store,
+    )
     assert json.loads(p.stdout) == [{"run_id": "run_a", "n": 47}]
     empty = wb("sql", "SELECT * FROM scalars WHERE false", "--format", "json", store=tbx_store)
     assert json.loads(empty.stdout) == []
 
 
 def test_sql_step_is_bigint_and_views_have_contract_columns(tbx_store):
-    p = wb("sql", "SELECT column_name, column_type FROM (DESCRIBE scalars)", "--format", "csv", store=tbx_store)
+    p = wb(
+        "sql", "SELECT column_name, column_type FROM (DESCRIBE scalars)", "--format", "csv", store=tbx_store
+    )
     assert p.stdout.splitlines()[1:] == [
-        "run_id,VARCHAR", "tag,VARCHAR", "metric,VARCHAR", "step,BIGINT", "wall_time,DOUBLE", "value,DOUBLE"
+        "run_id,VARCHAR",
+        "tag,VARCHAR",
+        "metric,VARCHAR",
+        "step,BIGINT",
+        "wall_time,DOUBLE",
+        "value,DOUBLE",
     ]
-    cols = wb("sql", "SELECT column_name FROM (DESCRIBE scalars_all)", "--format", "csv", store=tbx_store).stdout
+    cols = wb(
+        "sql", "SELECT column_name FROM (DESCRIBE scalars_all)", "--format", "csv", store=tbx_store
+    ).stdout
     assert {"source", "segment", "superseded"} <= set(cols.split())
 
 
-@pytest.mark.parametrize("query", ["DELETE FROM scalars", "COPY (SELECT 1) TO '/tmp/x.csv'", "ATTACH 'x.db'",
-                                   "SELECT 1; SELECT 2"])
+@pytest.mark.parametrize(
+    "query", ["DELETE FROM scalars", "COPY (SELECT 1) TO '/tmp/x.csv'", "ATTACH 'x.db'", "SELECT 1; SELECT 2"]
+)
 def test_sql_is_read_only(tbx_store, query):
     p = wb("sql", query, store=tbx_store, check=False)
     assert p.returncode == 1 and p.stdout == ""
@@ -84,7 +111,9 @@ def test_exit_codes(tmp_path):
     store = tmp_path / "s"
     bad = tmp_path / "bad"
     bad.mkdir()
-    (bad / "events.out.tfevents.corrupt_mid").write_bytes((GEN / "broken/events.out.tfevents.corrupt_mid").read_bytes())
+    (bad / "events.out.tfevents.corrupt_mid").write_bytes(
+        (GEN / "broken/events.out.tfevents.corrupt_mid").read_bytes()
+    )
     ok = wb("ingest", bad, store=store, check=False)
     assert ok.returncode == 0 and "20826" in ok.stderr
     (bad / "events.out.tfevents.corrupt_mid").touch()

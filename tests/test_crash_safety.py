@@ -32,8 +32,13 @@ def big_tree(tmp_path_factory):
 
 def _ingest_proc(tree, store):
     env = {**os.environ, "WORKBENCH_STORE": str(store)}
-    return subprocess.Popen([sys.executable, "-m", "workbench", "ingest", str(tree)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "workbench", "ingest", str(tree)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.slow
@@ -46,7 +51,9 @@ def test_kill_9_at_random_moments_then_reingest_completes(big_tree, tmp_path):
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
         if store.exists():  # whatever was committed is readable and consistent
-            df = q(store, "SELECT run_id, count(*) n, count(DISTINCT step) d FROM scalars_all GROUP BY run_id")
+            df = q(
+                store, "SELECT run_id, count(*) n, count(DISTINCT step) d FROM scalars_all GROUP BY run_id"
+            )
             assert all(n == d == POINTS for n, d in zip(df["n"], df["d"], strict=True))
     ingest_paths(store, big_tree)
     df = q(store, "SELECT count(*) n, count(DISTINCT (run_id, step)) d, sum(value) s FROM scalars_all")

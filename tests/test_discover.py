@@ -59,7 +59,10 @@ def test_store_inside_the_tree_and_stray_files(tmp_path):
     assert r.files_read == 1 and r.files_skipped == 2
     assert r2.files_read == 0 and r2.files_skipped == 2
     skipped = q(store, "SELECT path, note FROM files WHERE status = 'skipped' ORDER BY path")
-    assert [p.rsplit("/", 1)[1] for p in skipped["path"]] == ["README.md", "events.out.tfevents.0.host.profile-empty"]
+    assert [p.rsplit("/", 1)[1] for p in skipped["path"]] == [
+        "README.md",
+        "events.out.tfevents.0.host.profile-empty",
+    ]
 
 
 def test_empty_event_file_is_reported_not_fatal(store, tmp_path):

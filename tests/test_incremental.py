@@ -95,5 +95,10 @@ def test_run_ids_stay_stable_when_a_subfolder_is_ingested(store, tmp_path):
 def test_same_step_twice_in_one_file_keeps_the_last(store, tmp_path):
     tbx_scalars(tmp_path / "run", {"loss": [(0, 1.0), (1, 2.0), (2, 3.0), (1, 20.0), (2, 30.0), (3, 4.0)]})
     ingest_paths(store, tmp_path / "run")
-    assert q(store, "SELECT step, value FROM scalars ORDER BY step").rows() == [(0, 1.0), (1, 20.0), (2, 30.0), (3, 4.0)]
+    assert q(store, "SELECT step, value FROM scalars ORDER BY step").rows() == [
+        (0, 1.0),
+        (1, 20.0),
+        (2, 30.0),
+        (3, 4.0),
+    ]
     assert q(store, "SELECT count(*) n FROM scalars_all WHERE superseded")["n"][0] == 2

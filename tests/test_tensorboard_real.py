@@ -71,7 +71,9 @@ def test_resumed_writer_preemption_and_hparams_subrun(store):
 def test_truncated_file_is_an_unfinished_write(store, tmp_path):
     run = tmp_path / "t"
     run.mkdir()
-    (run / "events.out.tfevents.truncated").write_bytes((GEN / "broken/events.out.tfevents.truncated").read_bytes())
+    (run / "events.out.tfevents.truncated").write_bytes(
+        (GEN / "broken/events.out.tfevents.truncated").read_bytes()
+    )
     report = ingest_paths(store, run)
     assert report.problems == []
     counts = dict(q(store, "SELECT tag, count(*) FROM scalars GROUP BY tag").rows())
@@ -84,12 +86,14 @@ def test_truncated_file_is_an_unfinished_write(store, tmp_path):
 def test_corrupt_record_is_salvaged_and_reported_with_offset(store, tmp_path):
     run = tmp_path / "c"
     run.mkdir()
-    (run / "events.out.tfevents.corrupt_mid").write_bytes((GEN / "broken/events.out.tfevents.corrupt_mid").read_bytes())
+    (run / "events.out.tfevents.corrupt_mid").write_bytes(
+        (GEN / "broken/events.out.tfevents.corrupt_mid").read_bytes()
+    )
     report = ingest_paths(store, run)
     counts = dict(q(store, "SELECT tag, count(*) FROM scalars GROUP BY tag").rows())
     assert counts == {"train/loss": 20, "train/lr": 20}  # TensorBoard stops at 11
     assert [(p.offset, p.kind) for _, p in report.problems] == [(20826, "bad_data_crc")]
-    prob = q(store, "SELECT path, \"offset\", kind, message FROM problems")
+    prob = q(store, 'SELECT path, "offset", kind, message FROM problems')
     assert prob["offset"].to_list() == [20826]
     assert "10039" in prob["message"][0]
     assert q(store, "SELECT count(*) AS n FROM events WHERE kind = 'text'")["n"][0] == 1
@@ -109,7 +113,9 @@ def test_corrupt_record_is_salvaged_and_reported_with_offset(store, tmp_path):
 )
 def test_parity_with_tbparse(store, path):
     reader = SummaryReader(str(path), extra_columns={"wall_time"})
-    oracle = reader.scalars if len(reader.scalars) else reader.tensors  # tbparse files float_val scalars as tensors
+    oracle = (
+        reader.scalars if len(reader.scalars) else reader.tensors
+    )  # tbparse files float_val scalars as tensors
     ingest_paths(store, path)
     ours = q(store, "SELECT tag, step, wall_time, value FROM scalars_all ORDER BY tag, step")
     expected = sorted(zip(oracle["tag"], oracle["step"], oracle["wall_time"], oracle["value"], strict=True))

@@ -10,7 +10,10 @@ from writers import scalar_tensor_summary, tb_native_scalars, tbx_scalars, tbx_s
 
 def test_simple_value_float32_round_trip(store, tmp_path):
     vals = [(s, float(np.float32(1.0 / (s + 3)))) for s in range(100)]
-    tbx_scalars(tmp_path / "run", {"train/loss": vals, "grad_norm/layer.0-x": vals[:5], "Train/Samples/train_loss": vals[:3]})
+    tbx_scalars(
+        tmp_path / "run",
+        {"train/loss": vals, "grad_norm/layer.0-x": vals[:5], "Train/Samples/train_loss": vals[:3]},
+    )
     ingest_paths(store, tmp_path / "run")
     df = q(store, "SELECT tag, step, value, wall_time FROM scalars ORDER BY tag, step")
     loss = df.filter(df["tag"] == "train/loss")
@@ -23,7 +26,9 @@ def test_simple_value_float32_round_trip(store, tmp_path):
 
 
 def test_non_finite_values_are_kept(store, tmp_path):
-    tbx_scalars(tmp_path / "run", {"loss": [(0, 1.0), (1, float("nan")), (2, float("inf")), (3, -float("inf"))]})
+    tbx_scalars(
+        tmp_path / "run", {"loss": [(0, 1.0), (1, float("nan")), (2, float("inf")), (3, -float("inf"))]}
+    )
     ingest_paths(store, tmp_path / "run")
     v = q(store, "SELECT value FROM scalars ORDER BY step")["value"].to_list()
     assert v[0] == 1.0 and np.isnan(v[1]) and v[2] == np.inf and v[3] == -np.inf
@@ -50,7 +55,9 @@ def test_tf_free_writer_encoding_c(store, tmp_path):
     ],
 )
 def test_tensor_encodings(store, tmp_path, dtype, content, value, expected):
-    tbx_summaries(tmp_path / "run", [(s, scalar_tensor_summary("m", dtype, value, content=content)) for s in range(3)])
+    tbx_summaries(
+        tmp_path / "run", [(s, scalar_tensor_summary("m", dtype, value, content=content)) for s in range(3)]
+    )
     ingest_paths(store, tmp_path / "run")
     df = q(store, "SELECT step, value FROM scalars ORDER BY step")
     assert df["step"].to_list() == [0, 1, 2]

@@ -52,9 +52,7 @@ def metric_case_sql(column: str, user: dict[str, list[str]] | None = None) -> st
             regex = fnmatch.translate(g).removeprefix("(?s:").removesuffix(")\\z")
             arms.append(f"WHEN regexp_full_match({column}, {_sql_str(regex)}) THEN {_sql_str(metric)}")
     for metric, regex in BUILTIN:
-        arms.append(
-            f"WHEN regexp_full_match(lower({column}), {_sql_str(regex)}) THEN {_sql_str(metric)}"
-        )
+        arms.append(f"WHEN regexp_full_match(lower({column}), {_sql_str(regex)}) THEN {_sql_str(metric)}")
     return "CASE " + " ".join(arms) + " ELSE NULL END"
 
 

@@ -24,7 +24,11 @@ def _store_option(f):
 
 def _format_option(f):
     return click.option(
-        "--format", "fmt", type=FORMATS, default="table", show_default=True,
+        "--format",
+        "fmt",
+        type=FORMATS,
+        default="table",
+        show_default=True,
         help="table for people; csv (as DuckDB renders it) or json (one array of objects) for programs.",
     )(f)
 
@@ -53,8 +57,14 @@ def main():
 @_store_option
 @click.option("--strict", is_flag=True, help="Exit non-zero when any file or record had a problem.")
 @click.option("--no-crc", is_flag=True, help="Skip TensorBoard CRC checks (faster; damage goes unnoticed).")
-@click.option("--wait", "wait_s", default=60.0, show_default=True, metavar="SECONDS",
-              help="How long to wait for another ingest writing to the same store.")
+@click.option(
+    "--wait",
+    "wait_s",
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for another ingest writing to the same store.",
+)
 def ingest(paths, store, strict, no_crc, wait_s):
     """Read every log under PATHS into the store, incrementally.
 

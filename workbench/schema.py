@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import polars as pl
 
-# One row per logged point of one chunk (a batch of one source file), as written to Parquet.
+# One row per logged point of one chunk (a batch of one source file), as written to Parquet
+# (tag and run_id dictionary-encoded; see StoreWriter.add_chunk).
 SCALAR_PART = {
     "run_id": pl.String,
     "chunk_id": pl.Int64,
@@ -18,9 +19,6 @@ SCALAR_PART = {
     # superseded by a later point of the same tag inside the same chunk (see store docs)
     "local_superseded": pl.Boolean,
 }
-
-# What an ingestor hands over for one batch: points in the order they were logged.
-POINTS = {"tag": pl.String, "step": pl.Int64, "wall_time": pl.Float64, "value": pl.Float64}
 
 FILES = {
     "path": pl.String,  # absolute path

@@ -36,9 +36,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from workbench import aliases, schema
+from workbench.points import Points, order_and_supersede
 
 DEFAULT_STORE = ".workbench"
 MARKER = "WORKBENCH_STORE"  # marks a folder as a store, so ingest never reads a store's own files
@@ -69,13 +73,6 @@ def _fsync_file(path: Path) -> None:
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         _fsync_file(path)
-
-
-def write_parquet_atomic(df: pl.DataFrame, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    df.write_parquet(tmp, compression="zstd", statistics=True)
-    _fsync_file(tmp)
-    os.replace(tmp, path)
 
 
 class Store:
@@ -182,32 +179,53 @@ class StoreWriter:
             self.tables[t] = df.filter(pl.col("path") != path)
             self._new[t] = [d.filter(pl.col("path") != path) for d in self._new[t]]
 
-    def add_chunk(
-        self, run_id: str, path: str, source: str, start: int, end: int, points: pl.DataFrame
-    ) -> int:
+    def add_chunk(self, run_id: str, path: str, source: str, start: int, end: int, points: Points) -> int:
         """Write one batch of points (in logged order) as a Parquet part; returns its chunk id."""
         chunk_id = self.next_chunk_id
         self.next_chunk_id += 1
-        points = schema.conform(points, schema.POINTS, f"points from {path}")
-        part = (
-            points.with_columns(
-                # a later point of the same tag at the same or a lower step preempts this one
-                local_superseded=(
-                    pl.col("step") >= pl.col("step").reverse().cum_min().reverse().shift(-1)
-                )
-                .over("tag")
-                .fill_null(False),
-                run_id=pl.lit(run_id),
-                chunk_id=pl.lit(chunk_id, pl.Int64),
+        n = len(points)
+        if n:
+            # dictionary in name order, so parts sort by (tag name, step)
+            by_name = np.argsort(np.array(points.tags, dtype=object))
+            rank = np.empty(len(by_name), np.int32)
+            rank[by_name] = np.arange(len(by_name), dtype=np.int32)
+            sorted_tags = [points.tags[i] for i in by_name]
+            points = Points(sorted_tags, rank[points.tag_code], points.step, points.wall_time, points.value)
+            order, superseded = order_and_supersede(points)
+            codes = points.tag_code[order]
+            steps = points.step[order]
+            table = pa.table(
+                {
+                    "run_id": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([run_id])),
+                    "chunk_id": pa.array(np.full(n, chunk_id, np.int64)),
+                    "tag": pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(sorted_tags, pa.string())),
+                    "step": pa.array(steps),
+                    "wall_time": pa.array(points.wall_time[order]),
+                    "value": pa.array(points.value[order]),
+                    "local_superseded": pa.array(superseded[order]),
+                }
             )
-            .with_row_index("_seq")
-            .sort("tag", "step", "_seq")
-        )
-        part = schema.conform(part, schema.SCALAR_PART, "scalar part")
-        folder = self.root / "scalars" / run_key(run_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        if part.height:
-            write_parquet_atomic(part, folder / f"c{chunk_id}.parquet")
+            folder = self.root / "scalars" / run_key(run_id)
+            folder.mkdir(parents=True, exist_ok=True)
+            part = folder / f"c{chunk_id}.parquet"
+            tmp = part.with_name(part.name + ".tmp")
+            pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
+            _fsync_file(tmp)
+            os.replace(tmp, part)
+            # per-tag step ranges: codes are sorted, so each tag is one contiguous run
+            starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+            self.add(
+                "chunk_tags",
+                pl.DataFrame(
+                    {
+                        "chunk_id": np.full(len(starts), chunk_id, np.int64),
+                        "tag": [sorted_tags[c] for c in codes[starts]],
+                        "points": np.diff(np.r_[starts, n]),
+                        "min_step": np.minimum.reduceat(steps, starts),
+                        "max_step": np.maximum.reduceat(steps, starts),
+                    }
+                ),
+            )
         self._touched_runs.add(run_id)
         self.add(
             "chunks",
@@ -219,22 +237,11 @@ class StoreWriter:
                     "source": [source],
                     "start_offset": [start],
                     "end_offset": [end],
-                    "rows": [part.height],
+                    "rows": [n],
                 },
                 schema=schema.CHUNKS,
             ),
         )
-        if part.height:
-            self.add(
-                "chunk_tags",
-                part.group_by("tag")
-                .agg(
-                    points=pl.len(),
-                    min_step=pl.col("step").min(),
-                    max_step=pl.col("step").max(),
-                )
-                .with_columns(chunk_id=pl.lit(chunk_id, pl.Int64)),
-            )
         return chunk_id
 
     def add(self, table: str, rows: pl.DataFrame | list[dict]) -> None:
@@ -351,22 +358,17 @@ def _table_sql(path: Path) -> str:
 def view_statements(root: Path, gen: Path) -> list[str]:
     """CREATE VIEW statements for the documented views over one generation."""
     stmts = [
-        f"CREATE OR REPLACE VIEW _{t} AS {_table_sql(gen / (t + '.parquet'))}"
-        for t in schema.META_TABLES
+        f"CREATE OR REPLACE VIEW _{t} AS {_table_sql(gen / (t + '.parquet'))}" for t in schema.META_TABLES
     ]
     parts = sorted((root / "scalars").glob("*/c*.parquet")) if (root / "scalars").exists() else []
     if parts:
         glob = _sql_str(str(root / "scalars" / "*" / "c*.parquet"))
         part_sql = f"SELECT * FROM read_parquet({glob})"
     else:
-        cols = ", ".join(
-            f"CAST(NULL AS {_duck_type(t)}) AS {c}" for c, t in schema.SCALAR_PART.items()
-        )
+        cols = ", ".join(f"CAST(NULL AS {_duck_type(t)}) AS {c}" for c, t in schema.SCALAR_PART.items())
         part_sql = f"SELECT {cols} WHERE false"
     user = aliases.load_user_aliases(root, Path.cwd())
-    metric_rows = (
-        f"SELECT DISTINCT tag, {aliases.metric_case_sql('tag', user)} AS metric FROM _chunk_tags"
-    )
+    metric_rows = f"SELECT DISTINCT tag, {aliases.metric_case_sql('tag', user)} AS metric FROM _chunk_tags"
     stmts += [
         f"CREATE OR REPLACE VIEW _parts AS {part_sql}",
         f"CREATE OR REPLACE VIEW _tag_metric AS {metric_rows}",
@@ -402,7 +404,7 @@ def view_statements(root: Path, gen: Path) -> list[str]:
                   to_timestamp(f.mtime_ns / 1e9) AS mtime, to_timestamp(f.ingested_at) AS ingested_at
            FROM _files f LEFT JOIN _file_order fo USING (path)""",
         "CREATE OR REPLACE VIEW events AS SELECT run_id, step, wall_time, kind, message, attrs, "
-        "path AS source_file, \"offset\" FROM _events",
+        'path AS source_file, "offset" FROM _events',
         "CREATE OR REPLACE VIEW problems AS SELECT * FROM _problems",
         """CREATE OR REPLACE VIEW runs AS
            WITH pts AS (

@@ -1,0 +1,83 @@
+"""Points in flight from an ingestor to the store, and the preemption rule applied to them.
+
+Tags travel as dictionary codes (a list of names plus an int32 code per point): a file with
+millions of points names a handful of tags, so strings are never materialised per point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+from numba import njit
+
+
+@dataclass
+class Points:
+    """Points of one batch, in the order they were logged."""
+
+    tags: list[str]
+    tag_code: np.ndarray  # int32, index into `tags`
+    step: np.ndarray  # int64
+    wall_time: np.ndarray  # float64 (seconds since the epoch; NaN when the format has none)
+    value: np.ndarray  # float64, NaN/±Inf kept
+
+    def __post_init__(self):
+        self.tag_code = np.ascontiguousarray(self.tag_code, dtype=np.int32)
+        self.step = np.ascontiguousarray(self.step, dtype=np.int64)
+        self.wall_time = np.ascontiguousarray(self.wall_time, dtype=np.float64)
+        self.value = np.ascontiguousarray(self.value, dtype=np.float64)
+        n = len(self.tag_code)
+        if not (len(self.step) == len(self.wall_time) == len(self.value) == n):
+            raise ValueError("Points: columns differ in length")
+
+    def __len__(self) -> int:
+        return len(self.tag_code)
+
+    @classmethod
+    def empty(cls) -> Points:
+        return cls([], np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0), np.empty(0))
+
+    @classmethod
+    def from_frame(cls, df: pl.DataFrame) -> Points:
+        """From a frame with columns tag, step, wall_time, value (text formats build these)."""
+        tags, codes = np.unique(df["tag"].cast(pl.String).to_numpy().astype(object), return_inverse=True)
+        return cls(
+            [str(t) for t in tags],
+            codes,
+            df["step"].cast(pl.Int64).to_numpy(),
+            df["wall_time"].cast(pl.Float64).fill_null(np.nan).to_numpy(),
+            df["value"].cast(pl.Float64).fill_null(np.nan).to_numpy(),
+        )
+
+
+@njit(cache=True, nogil=True)
+def _supersede(order, codes, steps):
+    """Walk each tag's points from last to first: a point is superseded when a later point of
+    the same tag has a step <= its own."""
+    n = order.shape[0]
+    sup = np.zeros(n, np.bool_)
+    i = n - 1
+    while i >= 0:
+        c = codes[order[i]]
+        later_min = steps[order[i]]
+        i -= 1
+        while i >= 0 and codes[order[i]] == c:
+            s = steps[order[i]]
+            if s >= later_min:
+                sup[order[i]] = True
+            else:
+                later_min = s
+            i -= 1
+    return sup
+
+
+def order_and_supersede(points: Points) -> tuple[np.ndarray, np.ndarray]:
+    """(row order sorted by tag then step, local_superseded flag per original row)."""
+    by_tag = np.argsort(points.tag_code, kind="stable")  # keeps logged order within a tag
+    sup = _supersede(by_tag, points.tag_code, points.step)
+    if not sup.any():  # steps rise within every tag: already in (tag, step) order
+        return by_tag, sup
+    seq = np.arange(len(points))
+    return np.lexsort((seq, points.step, points.tag_code)), sup
