@@ -40,8 +40,15 @@ def write_dataset(folder: Path, tags: int, steps: int) -> int:
     from tensorboardX.proto import event_pb2, summary_pb2
 
     w = EventsWriter(str(folder / "events"))
-    ev = event_pb2.Event(summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="x", simple_value=0.0)]))
-    names = [f"layer_{i:03d}/grad_norm" if tags > 5 else ["loss", "lr", "grad_norm", "loss_scale", "tokens_per_s"][i] for i in range(tags)]
+    ev = event_pb2.Event(
+        summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="x", simple_value=0.0)])
+    )
+    names = [
+        f"layer_{i:03d}/grad_norm"
+        if tags > 5
+        else ["loss", "lr", "grad_norm", "loss_scale", "tokens_per_s"][i]
+        for i in range(tags)
+    ]
     t0 = time.time()
     val = ev.summary.value[0]
     for step in range(steps):
@@ -102,13 +109,31 @@ def run(name: str, folder: Path, n: int) -> None:
     t_tbp, rss_tbp, err = measure([sys.executable, "-c", tbp, str(folder)])
     rows = int(re.search(r"ROWS (\d+)", err).group(1))
     assert rows == n, f"tbparse read {rows} rows, expected {n}"
-    print(f"workbench ingest : {n / t_wb:>12,.0f} scalars/s  ({t_wb:.1f}s end to end, {inner:.1f}s ingest; peak RSS {rss_wb / 1024:,.0f} MB)")
-    print(f"tbparse          : {n / t_tbp:>12,.0f} scalars/s  ({t_tbp:.1f}s; peak RSS {rss_tbp / 1024:,.0f} MB)")
+    print(
+        f"workbench ingest : {n / t_wb:>12,.0f} scalars/s  ({t_wb:.1f}s end to end, {inner:.1f}s ingest; peak RSS {rss_wb / 1024:,.0f} MB)"
+    )
+    print(
+        f"tbparse          : {n / t_tbp:>12,.0f} scalars/s  ({t_tbp:.1f}s; peak RSS {rss_tbp / 1024:,.0f} MB)"
+    )
     rb = rustboard()
     if rb:
-        cmd = [rb, "--logdir", str(folder), "--reload", "once", "--samples-per-plugin", "scalars=all", "--checksum", "--port", "0", "-v"]
+        cmd = [
+            rb,
+            "--logdir",
+            str(folder),
+            "--reload",
+            "once",
+            "--samples-per-plugin",
+            "scalars=all",
+            "--checksum",
+            "--port",
+            "0",
+            "-v",
+        ]
         t_rb, rss_rb, _ = measure(cmd, until="Finished load cycle")
-        print(f"RustBoard server : {n / t_rb:>12,.0f} scalars/s  ({t_rb:.1f}s; peak RSS {rss_rb / 1024:,.0f} MB)")
+        print(
+            f"RustBoard server : {n / t_rb:>12,.0f} scalars/s  ({t_rb:.1f}s; peak RSS {rss_rb / 1024:,.0f} MB)"
+        )
     print(f"ratio workbench / tbparse   = {t_tbp / t_wb:.1f}x")
     if rb:
         print(f"ratio workbench / RustBoard = {t_rb / t_wb:.2f}x")

@@ -9,8 +9,10 @@ resume point) is dropped and re-read alone. Files that disappeared keep their st
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,6 +176,7 @@ def _file_row(f: Found, run_id: str, status: str, **kw) -> dict:
         "points": 0,
         "problems": 0,
         "note": None,
+        "contents": None,
         "ingested_at": time.time(),
     }
     row.update(kw)
@@ -189,6 +192,7 @@ def _read_file(w, ingestor, f: Found, run_id, offset, prev, report, progress, ta
     first_wall = prev["first_wall_time"] if prev else None
     consumed = offset
     note = None
+    contents = Counter(json.loads(prev["contents"]) if prev and prev["contents"] else {})
     try:
         for batch in ingestor.read(f.path, offset, w.plugins(run_id)):
             w.add_chunk(run_id, key, ingestor.name, batch.start, batch.end, batch.points)
@@ -227,6 +231,7 @@ def _read_file(w, ingestor, f: Found, run_id, offset, prev, report, progress, ta
             progress.advance(task, batch.end - batch.start)
             consumed = batch.end
             note = batch.note
+            contents.update({k: v for k, v in batch.counts.items() if v})
     except OSError as e:
         note = f"read error: {e.strerror or e}; kept what was read up to byte {consumed}"
         report.problems.append((key, Problem(consumed, "read_error", note)))
@@ -254,6 +259,7 @@ def _read_file(w, ingestor, f: Found, run_id, offset, prev, report, progress, ta
             points=points,
             problems=n_problems,
             note=note,
+            contents=json.dumps(dict(sorted(contents.items()))) if contents else None,
         )
     )
 

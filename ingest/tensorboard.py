@@ -74,7 +74,6 @@ class TensorBoardIngestor:
 
     # ---------------------------------------------------------------------------------------
     def _decode(self, path, buf, base, offs, lens, end, gaps, plugins) -> Batch:
-        status, what, wall, step, sess, vals, fvals = self._decode_parallel(buf, offs, lens)
         batch = Batch(start=base, end=base + end, records=len(offs))
         for g0, g1 in gaps:
             batch.problems.append(
@@ -85,6 +84,38 @@ class TensorBoardIngestor:
                     f"{int(g1 - g0)} bytes to the next valid record",
                 )
             )
+        parts = []
+        # threads decode consecutive record ranges; their outputs are merged as compact Points
+        for lo, (status, what, wall, step, sess, vals, fvals) in self._decode_parallel(buf, offs, lens):
+            o, ln = offs[lo : lo + len(status)], lens[lo : lo + len(status)]
+            self._record_problems(batch, base, o, ln, status)
+            good = status == T.REC_OK
+            if batch.first_wall_time is None and good.any():
+                batch.first_wall_time = float(wall[np.flatnonzero(good)[0]])
+            self._session_events(batch, buf, base, o, ln, what, sess, wall, step, good)
+            if len(vals):
+                parts.append(self._values(batch, buf, base, o, ln, wall, step, vals, fvals, plugins))
+        if parts:
+            batch.points = Points.concat(parts)
+        return batch
+
+    def _decode_parallel(self, buf, offs, lens) -> list:
+        """[(first record index, decode_records output)] for consecutive record ranges."""
+        n = len(offs)
+        if self.threads < 2 or n < PARALLEL_MIN_RECORDS:
+            return [(0, T.decode_records(buf, offs, lens, self.check_crc, T.CRC_TABLES))]
+        cuts = np.linspace(0, n, self.threads + 1).astype(np.int64)
+        with ThreadPoolExecutor(self.threads) as pool:
+            outs = pool.map(
+                lambda ab: T.decode_records(
+                    buf, offs[ab[0] : ab[1]], lens[ab[0] : ab[1]], self.check_crc, T.CRC_TABLES
+                ),
+                zip(cuts[:-1], cuts[1:], strict=True),
+            )
+            return list(zip(cuts[:-1].tolist(), outs, strict=True))
+
+    @staticmethod
+    def _record_problems(batch, base, offs, lens, status):
         for i in np.flatnonzero(status == T.REC_BAD_DATA_CRC):
             batch.problems.append(
                 Problem(
@@ -102,31 +133,6 @@ class TensorBoardIngestor:
                     f"record at byte {base + int(offs[i])} is not a decodable Event; skipped",
                 )
             )
-        good = status == T.REC_OK
-        if good.any():
-            batch.first_wall_time = float(wall[np.flatnonzero(good)[0]])
-        self._session_events(batch, buf, base, offs, lens, what, sess, wall, step, good)
-        if len(vals):
-            self._values(batch, path, buf, base, offs, lens, wall, step, vals, fvals, plugins)
-        return batch
-
-    def _decode_parallel(self, buf, offs, lens):
-        n = len(offs)
-        if self.threads < 2 or n < PARALLEL_MIN_RECORDS:
-            return T.decode_records(buf, offs, lens, self.check_crc, T.CRC_TABLES)
-        cuts = np.linspace(0, n, self.threads + 1).astype(np.int64)
-        with ThreadPoolExecutor(self.threads) as pool:
-            parts = list(
-                pool.map(
-                    lambda ab: T.decode_records(
-                        buf, offs[ab[0] : ab[1]], lens[ab[0] : ab[1]], self.check_crc, T.CRC_TABLES
-                    ),
-                    zip(cuts[:-1], cuts[1:], strict=True),
-                )
-            )
-        for k, p in enumerate(parts):
-            p[5][:, T.VC_REC] += cuts[k]  # record index relative to the whole block
-        return tuple(np.concatenate([p[j] for p in parts]) for j in range(7))
 
     def _session_events(self, batch, buf, base, offs, lens, what, sess, wall, step, good):
         for i in np.flatnonzero(good & (what == T.EV_SESSION_LOG)):
@@ -150,14 +156,9 @@ class TensorBoardIngestor:
                         base + offs[i],
                     )
                 )
-        versions = np.flatnonzero(good & (what == T.EV_FILE_VERSION))
-        if len(versions):
-            ev = _full_event(buf, offs[versions[0]], lens[versions[0]])
-            if ev is not None:
-                batch.counts["file_version:" + ev.file_version] = 1
-        batch.counts["graphs"] = int((good & (what == T.EV_GRAPH)).sum())
+        batch.counts["graphs"] = batch.counts.get("graphs", 0) + int((good & (what == T.EV_GRAPH)).sum())
 
-    def _values(self, batch, path, buf, base, offs, lens, wall, step, vals, fvals, plugins):
+    def _values(self, batch, buf, base, offs, lens, wall, step, vals, fvals, plugins) -> Points:
         hashes = vals[:, T.VC_TAG_HASH]
         uniq, first, group = np.unique(hashes, return_index=True, return_inverse=True)
         rep_off = vals[first, T.VC_TAG_OFF]
@@ -188,7 +189,7 @@ class TensorBoardIngestor:
         scalar = (kind == T.V_SIMPLE) | ((kind == T.V_TENSOR_NUM) & is_scalar_plugin)
         rec = vals[:, T.VC_REC]
         sel = np.flatnonzero(scalar)
-        batch.points = Points(tags, group[sel], step[rec[sel]], wall[rec[sel]], fvals[sel])
+        points = Points(tags, group[sel], step[rec[sel]], wall[rec[sel]], fvals[sel])
         # non-scalar values: text and hparams are decoded in full, the rest counted
         is_text = (plugin_arr == "text")[group] & (kind == T.V_TENSOR_STR)
         is_hparams = (plugin_arr == "hparams")[group]
@@ -204,11 +205,15 @@ class TensorBoardIngestor:
             if ev is not None:
                 batch.config.update(_hparams_of(ev))
         other = ~scalar & ~is_text & ~is_hparams
-        for name, code in (("histograms", T.V_HISTO), ("images", T.V_IMAGE), ("audio", T.V_AUDIO)):
-            batch.counts[name] = int(((kind == code) & other).sum())
-        batch.counts["other_tensors"] = int(
-            (((kind == T.V_TENSOR_NUM) | (kind == T.V_TENSOR_STR) | (kind == T.V_TENSOR_OTHER)) & other).sum()
-        )
+        tensor = (kind == T.V_TENSOR_NUM) | (kind == T.V_TENSOR_STR) | (kind == T.V_TENSOR_OTHER)
+        for name, mask in (
+            ("histograms", kind == T.V_HISTO),
+            ("images", kind == T.V_IMAGE),
+            ("audio", kind == T.V_AUDIO),
+            ("other_tensors", tensor),
+        ):
+            batch.counts[name] = batch.counts.get(name, 0) + int((mask & other).sum())
+        return points
 
 
 def _utf8(b) -> str:

@@ -61,6 +61,10 @@ def test_resumed_writer_preemption_and_hparams_subrun(store):
     assert lr["n"][0] == 20
     final = q(store, "SELECT value FROM scalars WHERE tag = 'hparam/final_loss'")
     assert final.height == 1
+    contents = q(
+        store, "SELECT contents FROM files WHERE path LIKE '%1796036286.vm' AND path NOT LIKE '%857561%'"
+    )
+    assert json.loads(contents["contents"][0])["histograms"] == 4
     text = q(store, "SELECT step, kind, message FROM events WHERE kind = 'text'")
     assert text.rows() == [(0, "text", "run_a started; **markdown** text")]
     metrics = dict(q(store, "SELECT DISTINCT tag, metric FROM scalars").rows())

@@ -40,6 +40,27 @@ class Points:
         return cls([], np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0), np.empty(0))
 
     @classmethod
+    def concat(cls, parts: list[Points]) -> Points:
+        """One Points from several, in order; tag dictionaries are merged."""
+        if len(parts) == 1:
+            return parts[0]
+        names: dict[str, int] = {}
+        for p in parts:
+            for t in p.tags:
+                names.setdefault(t, len(names))
+        codes = [
+            np.array([names[t] for t in p.tags], np.int32)[p.tag_code] if len(p) else p.tag_code
+            for p in parts
+        ]
+        return cls(
+            list(names),
+            np.concatenate(codes),
+            np.concatenate([p.step for p in parts]),
+            np.concatenate([p.wall_time for p in parts]),
+            np.concatenate([p.value for p in parts]),
+        )
+
+    @classmethod
     def from_frame(cls, df: pl.DataFrame) -> Points:
         """From a frame with columns tag, step, wall_time, value (text formats build these)."""
         tags, codes = np.unique(df["tag"].cast(pl.String).to_numpy().astype(object), return_inverse=True)

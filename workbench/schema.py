@@ -35,6 +35,7 @@ FILES = {
     "points": pl.Int64,
     "problems": pl.Int64,
     "note": pl.String,  # why skipped, or the last error
+    "contents": pl.String,  # JSON: what was seen but not stored as points (histograms, images, ...)
     "ingested_at": pl.Float64,
 }
 

@@ -33,6 +33,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
@@ -123,7 +124,10 @@ class Store:
             lock.write(str(os.getpid()))
             lock.flush()
             w = StoreWriter(self)
-            yield w
+            try:
+                yield w
+            finally:
+                w.close()
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
             lock.close()
@@ -162,10 +166,13 @@ class StoreWriter:
         self._new: dict[str, list[pl.DataFrame]] = {t: [] for t in schema.META_TABLES}
         self._dropped_paths: set[str] = set()
         self._touched_runs: set[str] = set()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet")
+        self._pending: list = []
         self._collect_garbage()
 
     # Everything is keyed by source path: a rewritten or moved file is dropped whole, then re-read.
     def drop_file(self, path: str) -> None:
+        self._flush_parts()
         self._dropped_paths.add(path)
         for t in ("files", "chunks", "events", "problems"):
             df = self.tables[t]
@@ -180,52 +187,13 @@ class StoreWriter:
             self._new[t] = [d.filter(pl.col("path") != path) for d in self._new[t]]
 
     def add_chunk(self, run_id: str, path: str, source: str, start: int, end: int, points: Points) -> int:
-        """Write one batch of points (in logged order) as a Parquet part; returns its chunk id."""
+        """Queue one batch of points (in logged order) as a Parquet part; returns its chunk id.
+
+        The part is written on a background thread while the caller decodes the next batch; at
+        most one part waits, so memory stays bounded. `commit()` waits for every part.
+        """
         chunk_id = self.next_chunk_id
         self.next_chunk_id += 1
-        n = len(points)
-        if n:
-            # dictionary in name order, so parts sort by (tag name, step)
-            by_name = np.argsort(np.array(points.tags, dtype=object))
-            rank = np.empty(len(by_name), np.int32)
-            rank[by_name] = np.arange(len(by_name), dtype=np.int32)
-            sorted_tags = [points.tags[i] for i in by_name]
-            points = Points(sorted_tags, rank[points.tag_code], points.step, points.wall_time, points.value)
-            order, superseded = order_and_supersede(points)
-            codes = points.tag_code[order]
-            steps = points.step[order]
-            table = pa.table(
-                {
-                    "run_id": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([run_id])),
-                    "chunk_id": pa.array(np.full(n, chunk_id, np.int64)),
-                    "tag": pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(sorted_tags, pa.string())),
-                    "step": pa.array(steps),
-                    "wall_time": pa.array(points.wall_time[order]),
-                    "value": pa.array(points.value[order]),
-                    "local_superseded": pa.array(superseded[order]),
-                }
-            )
-            folder = self.root / "scalars" / run_key(run_id)
-            folder.mkdir(parents=True, exist_ok=True)
-            part = folder / f"c{chunk_id}.parquet"
-            tmp = part.with_name(part.name + ".tmp")
-            pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
-            _fsync_file(tmp)
-            os.replace(tmp, part)
-            # per-tag step ranges: codes are sorted, so each tag is one contiguous run
-            starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-            self.add(
-                "chunk_tags",
-                pl.DataFrame(
-                    {
-                        "chunk_id": np.full(len(starts), chunk_id, np.int64),
-                        "tag": [sorted_tags[c] for c in codes[starts]],
-                        "points": np.diff(np.r_[starts, n]),
-                        "min_step": np.minimum.reduceat(steps, starts),
-                        "max_step": np.maximum.reduceat(steps, starts),
-                    }
-                ),
-            )
         self._touched_runs.add(run_id)
         self.add(
             "chunks",
@@ -237,12 +205,71 @@ class StoreWriter:
                     "source": [source],
                     "start_offset": [start],
                     "end_offset": [end],
-                    "rows": [n],
+                    "rows": [len(points)],
                 },
                 schema=schema.CHUNKS,
             ),
         )
+        if len(points):
+            while len(self._pending) > 1:
+                self._collect(self._pending.pop(0))
+            self._pending.append(self._pool.submit(self._write_part, run_id, chunk_id, points))
         return chunk_id
+
+    def close(self) -> None:
+        """Wait for background writes (uncommitted parts are collected by the next writer)."""
+        for f in self._pending:
+            f.exception()
+        self._pool.shutdown(wait=True)
+
+    def _collect(self, future) -> None:
+        self.add("chunk_tags", future.result())
+
+    def _flush_parts(self) -> None:
+        while self._pending:
+            self._collect(self._pending.pop(0))
+
+    def _write_part(self, run_id: str, chunk_id: int, points: Points) -> pl.DataFrame:
+        """Write the part file; returns its per-tag step ranges (chunk_tags rows)."""
+        n = len(points)
+        # dictionary in name order, so parts sort by (tag name, step)
+        by_name = np.argsort(np.array(points.tags, dtype=object))
+        rank = np.empty(len(by_name), np.int32)
+        rank[by_name] = np.arange(len(by_name), dtype=np.int32)
+        sorted_tags = [points.tags[i] for i in by_name]
+        points = Points(sorted_tags, rank[points.tag_code], points.step, points.wall_time, points.value)
+        order, superseded = order_and_supersede(points)
+        codes = points.tag_code[order]
+        steps = points.step[order]
+        table = pa.table(
+            {
+                "run_id": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([run_id])),
+                "chunk_id": pa.array(np.full(n, chunk_id, np.int64)),
+                "tag": pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(sorted_tags, pa.string())),
+                "step": pa.array(steps),
+                "wall_time": pa.array(points.wall_time[order]),
+                "value": pa.array(points.value[order]),
+                "local_superseded": pa.array(superseded[order]),
+            }
+        )
+        folder = self.root / "scalars" / run_key(run_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        part = folder / f"c{chunk_id}.parquet"
+        tmp = part.with_name(part.name + ".tmp")
+        pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
+        _fsync_file(tmp)
+        os.replace(tmp, part)
+        # codes are sorted, so each tag is one contiguous run
+        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+        return pl.DataFrame(
+            {
+                "chunk_id": np.full(len(starts), chunk_id, np.int64),
+                "tag": [sorted_tags[c] for c in codes[starts]],
+                "points": np.diff(np.r_[starts, n]),
+                "min_step": np.minimum.reduceat(steps, starts),
+                "max_step": np.maximum.reduceat(steps, starts),
+            }
+        )
 
     def add(self, table: str, rows: pl.DataFrame | list[dict]) -> None:
         sch = schema.META_TABLES[table]
@@ -282,6 +309,7 @@ class StoreWriter:
 
     def commit(self) -> Path:
         """Publish everything staged as a new generation; returns its directory."""
+        self._flush_parts()
         self.generation += 1
         name = f"g{self.generation:08d}"
         meta = self.root / "meta"
@@ -400,7 +428,7 @@ def view_statements(root: Path, gen: Path) -> list[str]:
            WHERE NOT superseded""",
         """CREATE OR REPLACE VIEW files AS
            SELECT f.path, f.run_id, f.format, f.status, f.size, f.consumed, f.records,
-                  f.points, f.problems, f.note, fo.segment,
+                  f.points, f.problems, f.note, f.contents, fo.segment,
                   to_timestamp(f.mtime_ns / 1e9) AS mtime, to_timestamp(f.ingested_at) AS ingested_at
            FROM _files f LEFT JOIN _file_order fo USING (path)""",
         "CREATE OR REPLACE VIEW events AS SELECT run_id, step, wall_time, kind, message, attrs, "
