@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ingest.mlflow import mlflow_run_dir
+
 CONTAINER_DIRS = {
     "tb",
     "tensorboard",
@@ -93,6 +95,9 @@ def discover(root: Path, ingestors) -> list[Found]:
     def owner(d: Path) -> Path:
         if d == root:
             return d
+        mlflow_run = mlflow_run_dir(d / "_")
+        if mlflow_run is not None and (mlflow_run == root or root in mlflow_run.parents):
+            return mlflow_run
         fmts = formats.get(d, set())
         parent = d.parent
         if fmts and fmts <= SUB_SOURCE_FORMATS:

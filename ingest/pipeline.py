@@ -16,7 +16,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import polars as pl
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -27,7 +26,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from ingest.base import Problem
+from ingest.base import Problem, ReadContext
 from ingest.discover import Found, discover, run_id_for
 from ingest.formats import make_ingestors
 from workbench.store import Store, StoreError
@@ -59,7 +58,7 @@ def _sig(path: Path, start: int, end: int) -> str:
         return hashlib.sha1(f.read(max(0, end - start))).hexdigest()
 
 
-def _plan(found: Found, run_id: str, prev: dict | None) -> tuple[str, int]:
+def _plan(found: Found, run_id: str, prev: dict | None, appendable: bool) -> tuple[str, int]:
     """('unchanged' | 'append' | 'reread' | 'new', offset to read from)."""
     st = found.path.stat()
     if prev is None or prev["format"] is None:
@@ -69,6 +68,8 @@ def _plan(found: Found, run_id: str, prev: dict | None) -> tuple[str, int]:
     if st.st_size == prev["size"] and st.st_mtime_ns == prev["mtime_ns"]:
         return "unchanged", prev["consumed"]
     consumed = prev["consumed"]
+    if not appendable:
+        return "reread", 0
     if st.st_size < consumed:
         return "reread", 0
     if _sig(found.path, 0, min(SIG_BYTES, consumed)) != prev["head_sig"]:
@@ -127,7 +128,7 @@ def ingest(
                 if prev is None or prev["note"] != f.note:
                     w.set_file(_file_row(f, run_id, "skipped", note=f.note))
                 continue
-            action, offset = _plan(f, run_id, prev)
+            action, offset = _plan(f, run_id, prev, by_name[f.format].appendable)
             if action == "unchanged":
                 report.files_unchanged += 1
                 report.runs.add(run_id)
@@ -135,6 +136,8 @@ def ingest(
             if action == "reread" and prev is not None:
                 w.drop_file(key)
             plans.append((f, run_id, offset, prev if action == "append" else None))
+        # configuration first (ds_config, hparams): other files of the run may need it
+        plans.sort(key=lambda p: (p[1], not getattr(by_name[p[0].format], "is_config", False), str(p[0].path)))
         total = sum(max(0, f.path.stat().st_size - off) for f, _, off, _ in plans)
         with _progress(console, total) as progress:
             task = progress.add_task("ingest", total=total)
@@ -177,6 +180,7 @@ def _file_row(f: Found, run_id: str, status: str, **kw) -> dict:
         "problems": 0,
         "note": None,
         "contents": None,
+        "state": None,
         "ingested_at": time.time(),
     }
     row.update(kw)
@@ -193,13 +197,13 @@ def _read_file(w, ingestor, f: Found, run_id, offset, prev, report, progress, ta
     consumed = offset
     note = None
     contents = Counter(json.loads(prev["contents"]) if prev and prev["contents"] else {})
+    state = json.loads(prev["state"]) if prev and prev["state"] else {}
+    ctx = ReadContext(run_id, state=state, plugins=w.plugins(run_id), run_config=w.run_config(run_id))
     try:
-        for batch in ingestor.read(f.path, offset, w.plugins(run_id)):
+        for batch in ingestor.read(f.path, offset, ctx):
             w.add_chunk(run_id, key, ingestor.name, batch.start, batch.end, batch.points)
             if batch.events:
-                w.add(
-                    "events", pl.DataFrame(batch.events).with_columns(run_id=pl.lit(run_id), path=pl.lit(key))
-                )
+                w.add("events", [{**e, "run_id": run_id, "path": key} for e in batch.events])
             if batch.problems:
                 w.add(
                     "problems",
@@ -231,6 +235,8 @@ def _read_file(w, ingestor, f: Found, run_id, offset, prev, report, progress, ta
             progress.advance(task, batch.end - batch.start)
             consumed = batch.end
             note = batch.note
+            if batch.state is not None:
+                state = batch.state
             contents.update({k: v for k, v in batch.counts.items() if v})
     except OSError as e:
         note = f"read error: {e.strerror or e}; kept what was read up to byte {consumed}"
@@ -259,6 +265,7 @@ def _read_file(w, ingestor, f: Found, run_id, offset, prev, report, progress, ta
             points=points,
             problems=n_problems,
             note=note,
+            state=json.dumps(state, sort_keys=True) if state else None,
             contents=json.dumps(dict(sorted(contents.items()))) if contents else None,
         )
     )

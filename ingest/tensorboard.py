@@ -12,7 +12,6 @@ An incomplete last record is an unfinished write: reading stops before it and re
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ingest import tfrecord as T
-from ingest.base import Batch, Problem
+from ingest.base import Batch, Problem, ReadContext, event
 from workbench.points import Points
 
 BLOCK_BYTES = 64 << 20  # bounded memory: a file is decoded this many bytes at a time
@@ -33,6 +32,7 @@ _HPARAMS_END_STATUS = {0: "UNKNOWN", 1: "SUCCESS", 2: "FAILURE", 3: "RUNNING"}
 
 class TensorBoardIngestor:
     name = "tensorboard"
+    appendable = True
 
     @staticmethod
     def sniff(path: Path, head: bytes) -> bool:
@@ -43,9 +43,9 @@ class TensorBoardIngestor:
         self.check_crc = check_crc
         self.threads = threads or min(2, os.cpu_count() or 1)
 
-    def read(self, path: Path, start: int, known_plugins: dict[str, str]) -> Iterator[Batch]:
+    def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
         """Decode `path` from byte `start` on, one Batch per block."""
-        plugins = dict(known_plugins)
+        plugins = dict(ctx.plugins)
         with open(path, "rb") as f:
             pos = start
             block = BLOCK_BYTES
@@ -139,15 +139,15 @@ class TensorBoardIngestor:
             status = _SESSION_STATUS.get(int(sess[i]))
             if status == "START" and step[i] > 0:
                 batch.events.append(
-                    _event(
+                    event(
                         step[i], wall[i], "resume", "SessionLog START: writer restarted", {}, base + offs[i]
                     )
                 )
             elif status == "CHECKPOINT":
-                ev = _full_event(buf, offs[i], lens[i])
+                ev = _fullevent(buf, offs[i], lens[i])
                 path = ev.session_log.checkpoint_path if ev else ""
                 batch.events.append(
-                    _event(
+                    event(
                         step[i],
                         wall[i],
                         "checkpoint",
@@ -195,13 +195,13 @@ class TensorBoardIngestor:
         is_hparams = (plugin_arr == "hparams")[group]
         for k in np.flatnonzero(is_text):
             i = rec[k]
-            ev = _full_event(buf, offs[i], lens[i])
+            ev = _fullevent(buf, offs[i], lens[i])
             text = _text_of(ev, tags[group[k]]) if ev else ""
             batch.events.append(
-                _event(step[i], wall[i], "text", text, {"tag": tags[group[k]]}, base + offs[i])
+                event(step[i], wall[i], "text", text, {"tag": tags[group[k]]}, base + offs[i])
             )
         for i in np.unique(rec[is_hparams]):
-            ev = _full_event(buf, offs[i], lens[i])
+            ev = _fullevent(buf, offs[i], lens[i])
             if ev is not None:
                 batch.config.update(_hparams_of(ev))
         other = ~scalar & ~is_text & ~is_hparams
@@ -220,18 +220,9 @@ def _utf8(b) -> str:
     return bytes(b).decode("utf-8", errors="replace")
 
 
-def _event(step, wall, kind, message, attrs, offset) -> dict:
-    return {
-        "step": int(step),
-        "wall_time": float(wall),
-        "kind": kind,
-        "message": message,
-        "attrs": json.dumps(attrs, sort_keys=True),
-        "offset": int(offset),
-    }
 
 
-def _full_event(buf, off, length):
+def _fullevent(buf, off, length):
     """Full protobuf decode of one record, for the rare records the kernel only flags."""
     from tensorboard.compat.proto import event_pb2
 

@@ -19,11 +19,12 @@ BUILTIN: list[tuple[str, str]] = [
     ("eval_loss", r"lm[ _-]loss[ _-]validation"),
     ("loss", r"((train|training)[/_ -]?)?(lm[ _-]|total[ _-])?loss(_step)?"),
     ("loss", r"train/samples/train_loss|epoch_loss|train/loss_step"),
-    ("grad_norm", r"((train|training|optim)[/_])?(grad[_ -]?norm|gradient[_ ]norm|total_grad_norm)"),
+    ("grad_norm", r"((train|training|optim)[/_])?(grad[_ -]?norm|gradient[_ ]norm|total_grad_norm|gnorm)"),
     ("lr", r"((train|training|optim)[/_])?(lr|learning[_ -]rate)(-?0|/group_?0|/pg0)?"),
     ("lr", r"train/samples/lr"),
-    ("loss_scale", r"((train|training)[/_])?loss[_ -]scale|train/samples/loss_scale"),
-    ("samples_per_sec", r"((train|training)[/_])?samples[_ -]?per[_ -]?sec(ond)?|throughput"),
+    ("loss_scale", r"((train|training)[/_])?loss[_ -]scale|train/samples/loss_scale|derived/loss_scale"),
+    ("samples_per_sec", r"((train|training)[/_])?samples[_ -]?per[_ -]?sec(ond)?|throughput|samples/sec(ond)?"),
+    ("samples_per_sec", r"(runningavg)?samplespersec"),
 ]
 
 

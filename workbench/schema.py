@@ -36,6 +36,7 @@ FILES = {
     "problems": pl.Int64,
     "note": pl.String,  # why skipped, or the last error
     "contents": pl.String,  # JSON: what was seen but not stored as points (histograms, images, ...)
+    "state": pl.String,  # JSON: the ingestor's resume state (line number, current step, ...)
     "ingested_at": pl.Float64,
 }
 
@@ -107,3 +108,16 @@ def conform(df: pl.DataFrame, schema: dict, what: str) -> pl.DataFrame:
     if missing:
         raise ValueError(f"{what}: missing columns {missing}")
     return df.select([pl.col(c).cast(t, strict=True) for c, t in schema.items()])
+
+# When two sources of one run log the same tag at the same step, the first in this list keeps
+# the current row (the other stays in scalars_all, superseded): full-precision structured files
+# before binary summaries, and both before console text (rounded for display).
+SOURCE_PRECEDENCE = [
+    "hf_trainer",
+    "jsonl",
+    "tensorboard",
+    "mlflow",
+    "lightning_csv",
+    "deepspeed_monitor_csv",
+    "text_log",
+]

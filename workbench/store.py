@@ -133,6 +133,14 @@ class Store:
             lock.close()
 
 
+def _deep_merge(base: dict, new: dict) -> dict:
+    """`new` over `base`; nested objects merge key by key (results.train beside results.all)."""
+    out = dict(base)
+    for k, v in new.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def _acquire(lock, root: Path, wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     said = False
@@ -284,8 +292,7 @@ class StoreWriter:
         self.add("files", [row])
 
     def set_run_config(self, run_id: str, config: dict) -> None:
-        merged = dict(self.run_config(run_id))
-        merged.update(config)
+        merged = _deep_merge(self.run_config(run_id), config)
         for key in ("run_config",):
             self.tables[key] = self.tables[key].filter(pl.col("run_id") != run_id)
             self._new[key] = [d.filter(pl.col("run_id") != run_id) for d in self._new[key]]
@@ -395,6 +402,11 @@ def view_statements(root: Path, gen: Path) -> list[str]:
     else:
         cols = ", ".join(f"CAST(NULL AS {_duck_type(t)}) AS {c}" for c, t in schema.SCALAR_PART.items())
         part_sql = f"SELECT {cols} WHERE false"
+    source_rank = (
+        "CASE c.source "
+        + " ".join(f"WHEN '{src}' THEN {i}" for i, src in enumerate(schema.SOURCE_PRECEDENCE))
+        + f" ELSE {len(schema.SOURCE_PRECEDENCE)} END"
+    )
     user = aliases.load_user_aliases(root, Path.cwd())
     metric_rows = f"SELECT DISTINCT tag, {aliases.metric_case_sql('tag', user)} AS metric FROM _chunk_tags"
     stmts += [
@@ -414,15 +426,28 @@ def view_statements(root: Path, gen: Path) -> list[str]:
                       ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS cutoff
            FROM _chunk_tags ct JOIN _chunks c USING (chunk_id)
            JOIN _file_order fo ON fo.path = c.path""",
-        """CREATE OR REPLACE VIEW scalars_all AS
+        f"""CREATE OR REPLACE VIEW _points AS
            SELECT p.run_id, p.tag, m.metric, p.step, p.wall_time, p.value,
                   c.source, fo.segment, c.path AS source_file,
-                  (p.local_superseded OR coalesce(p.step >= k.cutoff, false)) AS superseded
+                  (p.local_superseded OR coalesce(p.step >= k.cutoff, false)) AS superseded,
+                  {source_rank} AS source_rank
            FROM _parts p
            JOIN _chunks c ON c.chunk_id = p.chunk_id
            JOIN _file_order fo ON fo.path = c.path
            LEFT JOIN _cutoffs k ON k.chunk_id = p.chunk_id AND k.tag = p.tag
            LEFT JOIN _tag_metric m ON m.tag = p.tag""",
+        # tags that several sources of a run log: only these need the cross-source ranking
+        """CREATE OR REPLACE VIEW _multi_source AS
+           SELECT c.run_id, ct.tag FROM _chunk_tags ct JOIN _chunks c USING (chunk_id)
+           GROUP BY ALL HAVING count(DISTINCT c.source) > 1""",
+        """CREATE OR REPLACE VIEW scalars_all AS
+           SELECT * EXCLUDE (source_rank) FROM _points p
+           WHERE NOT EXISTS (SELECT 1 FROM _multi_source ms WHERE ms.run_id = p.run_id AND ms.tag = p.tag)
+           UNION ALL
+           SELECT * EXCLUDE (source_rank, current_rank) REPLACE (superseded OR current_rank > 1 AS superseded)
+           FROM (SELECT p.*, CASE WHEN p.superseded THEN 0 ELSE row_number() OVER (
+                     PARTITION BY p.run_id, p.tag, p.step, p.superseded ORDER BY p.source_rank) END AS current_rank
+                 FROM _points p SEMI JOIN _multi_source ms ON ms.run_id = p.run_id AND ms.tag = p.tag)""",
         """CREATE OR REPLACE VIEW scalars AS
            SELECT run_id, tag, metric, step, wall_time, value FROM scalars_all
            WHERE NOT superseded""",
@@ -434,6 +459,7 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         "CREATE OR REPLACE VIEW events AS SELECT run_id, step, wall_time, kind, message, attrs, "
         'path AS source_file, "offset" FROM _events',
         "CREATE OR REPLACE VIEW problems AS SELECT * FROM _problems",
+        f"CREATE OR REPLACE VIEW _run_status AS {run_status_sql()}",
         """CREATE OR REPLACE VIEW runs AS
            WITH pts AS (
                SELECT c.run_id, sum(ct.points) AS points, count(DISTINCT ct.tag) AS tags,
@@ -456,10 +482,7 @@ def view_statements(root: Path, gen: Path) -> list[str]:
            LEFT JOIN _run_config rc USING (run_id)
            LEFT JOIN _run_status rs USING (run_id)""",
     ]
-    stmts.insert(
-        len(schema.META_TABLES),
-        f"CREATE OR REPLACE VIEW _run_status AS {run_status_sql()}",
-    )
+
     return stmts
 
 
@@ -473,21 +496,53 @@ def _duck_type(t) -> str:
 
 
 def run_status_sql() -> str:
-    """Status inferred from evidence: hparams session end, non-finite loss tail, file age."""
-    return """
-        SELECT f.run_id,
+    """Status inferred from evidence, most specific first, with the evidence in words.
+
+    diverged: DeepSpeed's minimum-loss-scale exit, or the last loss is NaN/Inf.
+    crashed: hparams/MLflow say FAILED/KILLED, or a crash/OOM event, or HF Trainer stopped
+    before max_steps without its final summary. completed: hparams SUCCESS, MLflow FINISHED,
+    HF's final summary, or global_step >= max_steps. running: written in the last 5 minutes.
+    """
+    cfg = "json_extract_string(rc.config, '{}')"
+    return f"""
+        WITH f AS (SELECT run_id, max(mtime_ns) AS last_write FROM _files WHERE format IS NOT NULL GROUP BY run_id),
+        ev AS (SELECT run_id,
+                      max(step) FILTER (WHERE kind = 'min_loss_scale') AS min_scale_step,
+                      count(*) FILTER (WHERE kind = 'min_loss_scale') AS min_scale,
+                      count(*) FILTER (WHERE kind IN ('crash', 'oom')) AS crashes,
+                      arg_max(message, coalesce(step, -1)) FILTER (WHERE kind IN ('crash', 'oom')) AS crash_message
+               FROM _events GROUP BY run_id),
+        loss AS (SELECT run_id, arg_max(value, step) AS last_loss, max(step) AS last_loss_step
+                 FROM _parts p JOIN _tag_metric m USING (tag)
+                 WHERE m.metric = 'loss' AND NOT p.local_superseded GROUP BY run_id),
+        facts AS (
+            SELECT f.run_id, f.last_write, ev.min_scale, ev.min_scale_step, ev.crashes, ev.crash_message,
+                   loss.last_loss, loss.last_loss_step,
+                   {cfg.format("$.session_status")} AS hp_status,
+                   {cfg.format("$.mlflow.status")} AS mlflow_status,
+                   {cfg.format("$.trainer_summary")} IS NOT NULL AS hf_summary,
+                   TRY_CAST({cfg.format("$.trainer_state.global_step")} AS BIGINT) AS hf_step,
+                   TRY_CAST({cfg.format("$.trainer_state.max_steps")} AS BIGINT) AS hf_max
+            FROM f LEFT JOIN _run_config rc USING (run_id) LEFT JOIN ev USING (run_id) LEFT JOIN loss USING (run_id))
+        SELECT run_id,
           CASE
-            WHEN json_extract_string(rc.config, '$.session_status') = 'FAILURE' THEN 'crashed'
-            WHEN json_extract_string(rc.config, '$.session_status') = 'SUCCESS' THEN 'completed'
-            WHEN max(f.mtime_ns) > (epoch_ns(now()) - 300e9) THEN 'running'
+            WHEN min_scale > 0 OR NOT isfinite(last_loss) THEN 'diverged'
+            WHEN hp_status = 'FAILURE' OR mlflow_status IN ('FAILED', 'KILLED') OR crashes > 0 THEN 'crashed'
+            WHEN hp_status = 'SUCCESS' OR mlflow_status = 'FINISHED' OR hf_summary OR hf_step >= hf_max THEN 'completed'
+            WHEN last_write > epoch_ns(now()) - 300e9 OR mlflow_status = 'RUNNING' THEN 'running'
+            WHEN hf_step < hf_max THEN 'crashed'
             ELSE 'unknown' END AS status,
           CASE
-            WHEN json_extract_string(rc.config, '$.session_status') IS NOT NULL
-              THEN 'hparams session_end_info: ' || json_extract_string(rc.config, '$.session_status')
-            WHEN max(f.mtime_ns) > (epoch_ns(now()) - 300e9)
-              THEN 'a log file was written in the last 5 minutes'
+            WHEN min_scale > 0 THEN 'loss scale hit its minimum (DeepSpeed exit) at step ' || coalesce(min_scale_step::VARCHAR, '?')
+            WHEN NOT isfinite(last_loss) THEN 'last loss is ' || last_loss::VARCHAR || ' at step ' || last_loss_step::VARCHAR
+            WHEN hp_status = 'FAILURE' OR hp_status = 'SUCCESS' THEN 'hparams session_end_info: ' || hp_status
+            WHEN mlflow_status IN ('FAILED', 'KILLED', 'FINISHED', 'RUNNING') THEN 'MLflow run status ' || mlflow_status
+            WHEN crashes > 0 THEN 'crash in the log: ' || coalesce(crash_message, '?')
+            WHEN hf_summary THEN 'HF Trainer wrote its final summary'
+            WHEN hf_step >= hf_max THEN 'HF Trainer reached max_steps ' || hf_max::VARCHAR
+            WHEN last_write > epoch_ns(now()) - 300e9 THEN 'a log file was written in the last 5 minutes'
+            WHEN hf_step < hf_max THEN 'HF Trainer stopped at global_step ' || hf_step::VARCHAR || ' of max_steps '
+                                        || hf_max::VARCHAR || ' with no final summary'
             ELSE 'no end-of-run evidence in the logs' END AS evidence
-        FROM _files f LEFT JOIN _run_config rc USING (run_id)
-        WHERE f.format IS NOT NULL
-        GROUP BY f.run_id, rc.config
+        FROM facts
     """

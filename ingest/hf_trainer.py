@@ -1,0 +1,88 @@
+"""Hugging Face Trainer output: `trainer_state.json` and `*_results.json` (FORMATS.md §2).
+
+`log_history` entries are told apart by their keys: train (has `loss`), eval (any `eval_*`
+key), and the final summary (has `train_runtime`, appended once at the end). Train and eval
+entries become points at their `step`; each eval entry is also an `eval` event; the final
+summary and the top-level state (best_metric, best_model_checkpoint, global_step, max_steps,
+...) go to the run's configuration. The file is rewritten at every save, so a changed file is
+re-read whole. A checkpoint's own trainer_state.json is a prefix of the run's and is never
+read as metrics (discovery leaves checkpoint folders alone).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from ingest.base import Batch, Problem, ReadContext, event
+from ingest.jsonlog import RecordsToPoints
+from ingest.textio import to_float
+
+RESULTS_SUFFIX = "_results.json"
+
+
+def classify(entry: dict) -> str:
+    if "train_runtime" in entry:
+        return "final"
+    if "loss" in entry:
+        return "train"
+    if any(k.startswith("eval_") for k in entry):
+        return "eval"
+    return "other"
+
+
+class HFTrainerIngestor:
+    name = "hf_trainer"
+    appendable = False
+    needs_head = True
+
+    @staticmethod
+    def sniff(path: Path, head: bytes) -> bool:
+        name = path.name
+        if name.endswith("trainer_state.json"):
+            return b'"log_history"' in head or b"{" in head[:10]
+        return name.endswith(RESULTS_SUFFIX) and head.lstrip()[:1] == b"{"
+
+    def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
+        batch = Batch(start=0, end=path.stat().st_size)
+        try:
+            state = json.loads(path.read_bytes())  # Python's json accepts the bare NaN HF can write
+        except ValueError as e:
+            batch.problems.append(Problem(e.lineno, "bad_json", f"line {e.lineno} column {e.colno}: {e.msg}; file skipped"))
+            yield batch
+            return
+        if not isinstance(state, dict):
+            batch.problems.append(Problem(1, "bad_json", "not a JSON object; file skipped"))
+            yield batch
+            return
+        if path.name.endswith(RESULTS_SUFFIX):
+            split = path.name[: -len(RESULTS_SUFFIX)]
+            batch.config = {"results": {split: state}}
+            batch.records = 1
+            yield batch
+            return
+        conv = RecordsToPoints({})
+        kinds = {"train": 0, "eval": 0, "final": 0, "other": 0}
+        for i, entry in enumerate(state.get("log_history") or []):
+            if not isinstance(entry, dict):
+                batch.problems.append(Problem(i, "bad_entry", f"log_history[{i}] is not an object; skipped"))
+                continue
+            kind = classify(entry)
+            kinds[kind] += 1
+            batch.records += 1
+            step = to_float(entry.get("step"))
+            if kind == "final":
+                batch.config["trainer_summary"] = entry
+                continue
+            if step is None:
+                batch.problems.append(Problem(i, "no_step", f"log_history[{i}] has no step; skipped"))
+                continue
+            conv.add(entry, step=int(step), skip=("step",))
+            if kind == "eval":
+                metrics = {k: v for k, v in entry.items() if k.startswith("eval_")}
+                batch.events.append(event(int(step), None, "eval", "evaluation", metrics, i))
+        batch.points = conv.points()
+        batch.config["trainer_state"] = {k: v for k, v in state.items() if k != "log_history"}
+        batch.counts = {f"log_history_{k}": v for k, v in kinds.items() if v}
+        yield batch

@@ -1,0 +1,168 @@
+"""JSON Lines metric logs (and JSON arrays of records).
+
+One object per line: the step comes from the first key found in STEP_KEYS, nested objects are
+flattened with `/`, numbers given as strings ("0.00", "100%") are numbers, bare NaN/Infinity are
+kept. Covers plain PyTorch loops, LLaMA-Factory's `trainer_log.jsonl` (`current_steps`), old
+fairseq `--log-format json` lines (`num_updates`; validation records carry no step and take
+the last one seen). A record without a step takes the last step seen earlier in the file; with
+none seen yet it is counted and skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ingest.base import Batch, Problem, ReadContext
+from ingest.textio import line_blocks, read_head, to_float
+from workbench.points import Points
+
+STEP_KEYS = ("step", "global_step", "iteration", "iter", "_step", "num_updates", "current_steps",
+             "trainer/global_step", "update", "updates", "train/step")
+TIME_KEYS = ("wall_time", "_timestamp", "timestamp", "time")
+NOT_METRICS = {"total_steps"}  # progress bookkeeping that would only clutter the tag list
+HF_SPECIAL = ("trainer_state.json", "_results.json", "ds_config")
+
+
+def flatten(obj: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
+    for k, v in obj.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from flatten(v, key + "/")
+        else:
+            yield key, v
+
+
+def wall_time_of(record: dict) -> float | None:
+    for k in TIME_KEYS:
+        v = to_float(record.get(k))
+        if v is not None and v > 1e9:
+            return v / 1000.0 if v > 1e12 else v
+    return None
+
+
+class RecordsToPoints:
+    """Turns step-keyed records into Points, tracking the last step seen across batches."""
+
+    def __init__(self, state: dict):
+        self.last_step = state.get("last_step")
+        self.no_step = state.get("no_step", 0)
+        self.tags: dict[str, int] = {}
+        self.codes: list[int] = []
+        self.steps: list[int] = []
+        self.walls: list[float] = []
+        self.values: list[float] = []
+
+    def add(self, record: dict, step=None, wall=None, skip=()) -> bool:
+        """Add one record's numeric fields; False when it has no step (counted)."""
+        if step is None:
+            for k in STEP_KEYS:
+                if k in record and to_float(record[k]) is not None:
+                    step = int(to_float(record[k]))
+                    skip = (*skip, k)
+                    break
+        if step is None:
+            step = self.last_step
+        if step is None:
+            self.no_step += 1
+            return False
+        self.last_step = step
+        wall = wall_time_of(record) if wall is None else wall
+        for key, v in flatten(record):
+            if key in skip or key in TIME_KEYS or key in NOT_METRICS:
+                continue
+            x = to_float(v)
+            if x is None:
+                continue
+            self.codes.append(self.tags.setdefault(key, len(self.tags)))
+            self.steps.append(step)
+            self.walls.append(np.nan if wall is None else wall)
+            self.values.append(x)
+        return True
+
+    def points(self) -> Points:
+        pts = Points(list(self.tags), np.array(self.codes, np.int32), np.array(self.steps, np.int64),
+                     np.array(self.walls, np.float64), np.array(self.values, np.float64))
+        self.tags, self.codes, self.steps, self.walls, self.values = {}, [], [], [], []
+        return pts
+
+    def state(self) -> dict:
+        return {"last_step": self.last_step, "no_step": self.no_step}
+
+
+class JsonLinesIngestor:
+    name = "jsonl"
+    appendable = True
+    needs_head = True
+
+    @staticmethod
+    def sniff(path: Path, head: bytes) -> bool:
+        name = path.name.lower()
+        if any(s in name for s in HF_SPECIAL) or not (".json" in name or name.endswith((".log", ".txt"))):
+            return False
+        head = read_head(path, 4096) if path.name.endswith(".gz") else head
+        first = head.lstrip()[:1]
+        if first == b"[":
+            return name.endswith((".json", ".json.gz"))
+        if first != b"{":
+            return False
+        line = head.lstrip().split(b"\n", 1)[0]
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            return len(line) >= len(head.lstrip()) - 1  # a first line longer than the head
+        return isinstance(rec, dict) and any(to_float(v) is not None for _, v in flatten(rec))
+
+    def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
+        head = read_head(path, 64).lstrip()
+        if head[:1] == b"[":
+            yield from self._read_array(path)
+            return
+        conv = RecordsToPoints(ctx.state)
+        line_no = ctx.state.get("line", 0)
+        for b0, b1, lines in line_blocks(path, start):
+            batch = Batch(start=b0, end=b1)
+            for text in lines:
+                line_no += 1
+                text = text.strip()
+                if not text:
+                    continue
+                try:
+                    rec = json.loads(text)
+                except ValueError as e:
+                    batch.problems.append(Problem(line_no, "bad_json", f"line {line_no}: not JSON ({e.msg} at column {e.colno}); line skipped"))
+                    continue
+                if not isinstance(rec, dict):
+                    batch.problems.append(Problem(line_no, "bad_json", f"line {line_no}: a JSON {type(rec).__name__}, not an object; skipped"))
+                    continue
+                batch.records += 1
+                conv.add(rec)
+            batch.points = conv.points()
+            batch.state = {**conv.state(), "line": line_no}
+            if conv.no_step:
+                batch.note = f"{conv.no_step} records before the first step were skipped (no step to place them at)"
+            yield batch
+
+    def _read_array(self, path: Path) -> Iterator[Batch]:
+        import gzip
+
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            data = f.read()
+        batch = Batch(start=0, end=path.stat().st_size)
+        try:
+            records = json.loads(data)
+        except ValueError as e:
+            batch.problems.append(Problem(e.lineno, "bad_json", f"line {e.lineno} column {e.colno}: {e.msg}; file skipped"))
+            yield batch
+            return
+        conv = RecordsToPoints({})
+        for rec in records if isinstance(records, list) else []:
+            if isinstance(rec, dict):
+                batch.records += 1
+                conv.add(rec)
+        batch.points = conv.points()
+        yield batch
