@@ -54,14 +54,18 @@ class Batch:
     state: dict | None = None
 
 
-def event(step, wall_time, kind: str, message: str, attrs: dict | None = None, offset: int | None = None) -> dict:
+def event(
+    step, wall_time, kind: str, message: str, attrs: dict | None = None, offset: int | None = None
+) -> dict:
     """One row for the events table (run_id and path are added by the pipeline)."""
     import json
     import math
 
     return {
         "step": None if step is None else int(step),
-        "wall_time": None if wall_time is None or (isinstance(wall_time, float) and math.isnan(wall_time)) else float(wall_time),
+        "wall_time": None
+        if wall_time is None or (isinstance(wall_time, float) and math.isnan(wall_time))
+        else float(wall_time),
         "kind": kind,
         "message": message,
         "attrs": json.dumps(attrs or {}, sort_keys=True),

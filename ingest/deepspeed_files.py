@@ -39,14 +39,18 @@ class DeepSpeedConfigIngestor:
     def sniff(path: Path, head: bytes) -> bool:
         if not path.name.endswith(".json"):
             return False
-        return head.lstrip()[:1] == b"{" and ("ds_config" in path.name or sum(k in head for k in CONFIG_KEYS) >= 2)
+        return head.lstrip()[:1] == b"{" and (
+            "ds_config" in path.name or sum(k in head for k in CONFIG_KEYS) >= 2
+        )
 
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
         batch = Batch(start=0, end=path.stat().st_size, records=1)
         try:
             batch.config = {"ds_config": json.loads(path.read_bytes())}
         except ValueError as e:
-            batch.problems.append(Problem(e.lineno, "bad_json", f"line {e.lineno} column {e.colno}: {e.msg}; file skipped"))
+            batch.problems.append(
+                Problem(e.lineno, "bad_json", f"line {e.lineno} column {e.colno}: {e.msg}; file skipped")
+            )
         yield batch
 
 
@@ -64,7 +68,9 @@ class DeepSpeedMonitorCsvIngestor:
 
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
         stem = path.stem
-        tag = next((new + stem[len(old):] for old, new in EVENT_PREFIXES.items() if stem.startswith(old)), stem)
+        tag = next(
+            (new + stem[len(old) :] for old, new in EVENT_PREFIXES.items() if stem.startswith(old)), stem
+        )
         tbs = batch_size_of(ctx.run_config)
         line_no = ctx.state.get("line", 0)
         for b0, b1, lines in line_blocks(path, start):
@@ -77,7 +83,13 @@ class DeepSpeedMonitorCsvIngestor:
                     continue
                 x, v = (to_float(parts[0]), to_float(parts[1])) if len(parts) == 2 else (None, None)
                 if x is None or v is None:
-                    batch.problems.append(Problem(line_no, "bad_row", f"line {line_no}: expected 'step,value', got {text.strip()[:80]!r}; skipped"))
+                    batch.problems.append(
+                        Problem(
+                            line_no,
+                            "bad_row",
+                            f"line {line_no}: expected 'step,value', got {text.strip()[:80]!r}; skipped",
+                        )
+                    )
                     continue
                 samples.append(int(x))
                 values.append(v)
@@ -91,8 +103,12 @@ class DeepSpeedMonitorCsvIngestor:
                 codes = np.r_[codes, np.ones(n, np.int32)]
                 steps = np.r_[steps, steps]
                 values = values + samples
-            batch.points = Points(tags, codes, steps, np.full(len(codes), np.nan), np.array(values, np.float64))
+            batch.points = Points(
+                tags, codes, steps, np.full(len(codes), np.nan), np.array(values, np.float64)
+            )
             batch.state = {"line": line_no}
             if not tbs:
-                batch.note = "x axis is samples: no ds_config with train_batch_size in this run to turn it into steps"
+                batch.note = (
+                    "x axis is samples: no ds_config with train_batch_size in this run to turn it into steps"
+                )
             yield batch

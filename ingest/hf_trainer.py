@@ -49,7 +49,9 @@ class HFTrainerIngestor:
         try:
             state = json.loads(path.read_bytes())  # Python's json accepts the bare NaN HF can write
         except ValueError as e:
-            batch.problems.append(Problem(e.lineno, "bad_json", f"line {e.lineno} column {e.colno}: {e.msg}; file skipped"))
+            batch.problems.append(
+                Problem(e.lineno, "bad_json", f"line {e.lineno} column {e.colno}: {e.msg}; file skipped")
+            )
             yield batch
             return
         if not isinstance(state, dict):

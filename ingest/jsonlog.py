@@ -20,8 +20,19 @@ from ingest.base import Batch, Problem, ReadContext
 from ingest.textio import line_blocks, read_head, to_float
 from workbench.points import Points
 
-STEP_KEYS = ("step", "global_step", "iteration", "iter", "_step", "num_updates", "current_steps",
-             "trainer/global_step", "update", "updates", "train/step")
+STEP_KEYS = (
+    "step",
+    "global_step",
+    "iteration",
+    "iter",
+    "_step",
+    "num_updates",
+    "current_steps",
+    "trainer/global_step",
+    "update",
+    "updates",
+    "train/step",
+)
 TIME_KEYS = ("wall_time", "_timestamp", "timestamp", "time")
 NOT_METRICS = {"total_steps"}  # progress bookkeeping that would only clutter the tag list
 HF_SPECIAL = ("trainer_state.json", "_results.json", "ds_config")
@@ -84,8 +95,13 @@ class RecordsToPoints:
         return True
 
     def points(self) -> Points:
-        pts = Points(list(self.tags), np.array(self.codes, np.int32), np.array(self.steps, np.int64),
-                     np.array(self.walls, np.float64), np.array(self.values, np.float64))
+        pts = Points(
+            list(self.tags),
+            np.array(self.codes, np.int32),
+            np.array(self.steps, np.int64),
+            np.array(self.walls, np.float64),
+            np.array(self.values, np.float64),
+        )
         self.tags, self.codes, self.steps, self.walls, self.values = {}, [], [], [], []
         return pts
 
@@ -133,17 +149,31 @@ class JsonLinesIngestor:
                 try:
                     rec = json.loads(text)
                 except ValueError as e:
-                    batch.problems.append(Problem(line_no, "bad_json", f"line {line_no}: not JSON ({e.msg} at column {e.colno}); line skipped"))
+                    batch.problems.append(
+                        Problem(
+                            line_no,
+                            "bad_json",
+                            f"line {line_no}: not JSON ({e.msg} at column {e.colno}); line skipped",
+                        )
+                    )
                     continue
                 if not isinstance(rec, dict):
-                    batch.problems.append(Problem(line_no, "bad_json", f"line {line_no}: a JSON {type(rec).__name__}, not an object; skipped"))
+                    batch.problems.append(
+                        Problem(
+                            line_no,
+                            "bad_json",
+                            f"line {line_no}: a JSON {type(rec).__name__}, not an object; skipped",
+                        )
+                    )
                     continue
                 batch.records += 1
                 conv.add(rec)
             batch.points = conv.points()
             batch.state = {**conv.state(), "line": line_no}
             if conv.no_step:
-                batch.note = f"{conv.no_step} records before the first step were skipped (no step to place them at)"
+                batch.note = (
+                    f"{conv.no_step} records before the first step were skipped (no step to place them at)"
+                )
             yield batch
 
     def _read_array(self, path: Path) -> Iterator[Batch]:
@@ -156,7 +186,9 @@ class JsonLinesIngestor:
         try:
             records = json.loads(data)
         except ValueError as e:
-            batch.problems.append(Problem(e.lineno, "bad_json", f"line {e.lineno} column {e.colno}: {e.msg}; file skipped"))
+            batch.problems.append(
+                Problem(e.lineno, "bad_json", f"line {e.lineno} column {e.colno}: {e.msg}; file skipped")
+            )
             yield batch
             return
         conv = RecordsToPoints({})

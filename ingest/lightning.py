@@ -45,7 +45,13 @@ class LightningCsvIngestor:
                 if not row:
                     continue
                 if len(row) != len(header):
-                    batch.problems.append(Problem(line_no, "bad_row", f"line {line_no}: {len(row)} cells for {len(header)} columns; skipped"))
+                    batch.problems.append(
+                        Problem(
+                            line_no,
+                            "bad_row",
+                            f"line {line_no}: {len(row)} cells for {len(header)} columns; skipped",
+                        )
+                    )
                     continue
                 rec = dict(zip(header, row, strict=True))
                 step = to_float(rec.get("step"))
@@ -62,7 +68,13 @@ class LightningCsvIngestor:
                         steps.append(int(step))
                         values.append(v)
             n = len(values)
-            batch.points = Points(list(tags), np.array(codes, np.int32), np.array(steps, np.int64), np.full(n, np.nan), np.array(values, np.float64))
+            batch.points = Points(
+                list(tags),
+                np.array(codes, np.int32),
+                np.array(steps, np.int64),
+                np.full(n, np.nan),
+                np.array(values, np.float64),
+            )
             batch.state = {"header": header, "line": line_no}
             yield batch
 
@@ -78,4 +90,9 @@ class LightningHparamsIngestor:
         return path.name == "hparams.yaml"
 
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
-        yield Batch(start=0, end=path.stat().st_size, records=1, config={"hparams": flat_yaml(path.read_text(errors="replace"))})
+        yield Batch(
+            start=0,
+            end=path.stat().st_size,
+            records=1,
+            config={"hparams": flat_yaml(path.read_text(errors="replace"))},
+        )

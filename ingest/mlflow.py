@@ -30,7 +30,11 @@ def mlflow_run_dir(path: Path) -> Path | None:
 def _read_values(folder: Path) -> dict:
     if not folder.is_dir():
         return {}
-    return {p.relative_to(folder).as_posix(): p.read_text(errors="replace") for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): p.read_text(errors="replace")
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 class MlflowMetricIngestor:
@@ -57,14 +61,22 @@ class MlflowMetricIngestor:
                 ts, v = (to_float(f[0]), to_float(f[1])) if len(f) in (2, 3, 5) else (None, None)
                 step = to_float(f[2]) if len(f) >= 3 else 0.0
                 if ts is None or v is None or step is None:
-                    batch.problems.append(Problem(line_no, "bad_line", f"line {line_no}: expected 'timestamp value step', got {text[:80]!r}; skipped"))
+                    batch.problems.append(
+                        Problem(
+                            line_no,
+                            "bad_line",
+                            f"line {line_no}: expected 'timestamp value step', got {text[:80]!r}; skipped",
+                        )
+                    )
                     continue
                 walls.append(ts / 1000.0)
                 values.append(v)
                 steps.append(int(step))
                 batch.records += 1
             n = len(values)
-            batch.points = Points([key], np.zeros(n, np.int32), np.array(steps, np.int64), np.array(walls), np.array(values))
+            batch.points = Points(
+                [key], np.zeros(n, np.int32), np.array(steps, np.int64), np.array(walls), np.array(values)
+            )
             batch.state = {"line": line_no}
             if batch.first_wall_time is None and walls:
                 batch.first_wall_time = walls[0]
@@ -84,12 +96,22 @@ class MlflowRunMetaIngestor:
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
         meta = flat_yaml(path.read_text(errors="replace"))
         run = path.parent
-        status = STATUS.get(int(meta["status"]), str(meta["status"])) if to_float(meta.get("status")) else None
+        status = (
+            STATUS.get(int(meta["status"]), str(meta["status"])) if to_float(meta.get("status")) else None
+        )
         yield Batch(
             start=0,
             end=path.stat().st_size,
             records=1,
-            config={"mlflow": {"run_id": meta.get("run_id"), "name": meta.get("run_name") or meta.get("name"), "status": status,
-                               "start_time": meta.get("start_time"), "end_time": meta.get("end_time"),
-                               "params": _read_values(run / "params"), "tags": _read_values(run / "tags")}},
+            config={
+                "mlflow": {
+                    "run_id": meta.get("run_id"),
+                    "name": meta.get("run_name") or meta.get("name"),
+                    "status": status,
+                    "start_time": meta.get("start_time"),
+                    "end_time": meta.get("end_time"),
+                    "params": _read_values(run / "params"),
+                    "tags": _read_values(run / "tags"),
+                }
+            },
         )

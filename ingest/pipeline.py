@@ -137,7 +137,9 @@ def ingest(
                 w.drop_file(key)
             plans.append((f, run_id, offset, prev if action == "append" else None))
         # configuration first (ds_config, hparams): other files of the run may need it
-        plans.sort(key=lambda p: (p[1], not getattr(by_name[p[0].format], "is_config", False), str(p[0].path)))
+        plans.sort(
+            key=lambda p: (p[1], not getattr(by_name[p[0].format], "is_config", False), str(p[0].path))
+        )
         total = sum(max(0, f.path.stat().st_size - off) for f, _, off, _ in plans)
         with _progress(console, total) as progress:
             task = progress.add_task("ingest", total=total)

@@ -220,8 +220,6 @@ def _utf8(b) -> str:
     return bytes(b).decode("utf-8", errors="replace")
 
 
-
-
 def _fullevent(buf, off, length):
     """Full protobuf decode of one record, for the rare records the kernel only flags."""
     from tensorboard.compat.proto import event_pb2

@@ -93,7 +93,6 @@ def line_blocks(path: Path, start: int) -> Iterator[tuple[int, int, list[str]]]:
             pos += len(body)
 
 
-
 def flat_yaml(text: str) -> dict:
     """`key: value` lines of a flat YAML file (Lightning hparams.yaml, MLflow meta.yaml).
 
@@ -113,7 +112,11 @@ def flat_yaml(text: str) -> dict:
         key = k.strip().strip("'\"")
         v = v.strip().strip("'\"")
         num = to_float(v) if v and not v.endswith("%") else None
-        out[key] = num if num is not None and v.lower() not in ("nan", "inf", "-inf") else (None if v in ("", "null", "~") else v)
+        out[key] = (
+            num
+            if num is not None and v.lower() not in ("nan", "inf", "-inf")
+            else (None if v in ("", "null", "~") else v)
+        )
     return out
 
 

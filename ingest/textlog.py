@@ -20,6 +20,7 @@ so a growing log is read from where the last ingest stopped.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,8 +33,12 @@ from workbench.points import Points
 
 SNIFF_BYTES = 1 << 20  # the script dump at the top of a nanoGPT log can be long
 
-DS_PREFIX = re.compile(r"\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3}\] \[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] \[[^:\]\s]+:\d+:[^\]\s]+\] ")
-DS_STEP = re.compile(r"\bstep=(?P<step>\d+), skipped=(?P<skipped>\d+), lr=\[(?P<lr>[^\]]*)\], mom=(?P<mom>\[.*\])\s*$")
+DS_PREFIX = re.compile(
+    r"\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3}\] \[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] \[[^:\]\s]+:\d+:[^\]\s]+\] "
+)
+DS_STEP = re.compile(
+    r"\bstep=(?P<step>\d+), skipped=(?P<skipped>\d+), lr=\[(?P<lr>[^\]]*)\], mom=(?P<mom>\[.*\])\s*$"
+)
 DS_TPUT = re.compile(
     rf"epoch=(?P<epoch>\d+)/micro_step=(?P<micro_step>\d+)/global_step=(?P<global_step>\d+), RunningAvgSamplesPerSec=(?P<avg>{NUM}), "
     rf"CurrSamplesPerSec=(?P<cur>{NUM}), MemAllocated=(?P<mem>{NUM})GB, MaxMemAllocated=(?P<maxmem>{NUM})GB"
@@ -59,10 +64,12 @@ OVERFLOW_FP16 = re.compile(
 GRAD_OVERFLOW = re.compile(r"Grad overflow on iteration:? ?(?P<iter>\d+)")
 MIN_SCALE = re.compile(r"Current loss scale already at minimum")
 CKPT_SAVED = re.compile(r"global_step(?P<step>\d+) is ready now")
-CKPT_LOAD = re.compile(r"(?:Begin Load checkpoint from|[Ll]oading (?:model )?checkpoint(?: from)?:?)\s+(?P<path>\S+)")
+CKPT_LOAD = re.compile(
+    r"(?:Begin Load checkpoint from|[Ll]oading (?:model )?checkpoint(?: from)?:?)\s+(?P<path>\S+)"
+)
 LOGURU = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{3} \| [A-Z]+\s*\| \S+ - (?P<msg>.*)$")
 LOGURU_LOSS = re.compile(rf"(?:\[Rank -?\d+\] )?Loss: (?P<loss>{NUM})\s*$")
-HF_DICT = re.compile(r"(?P<d>\{'[A-Za-z_/]+': .*\})\s*$")
+HF_DICT = re.compile(r"^\s*(?P<d>\{'[A-Za-z_/]+': .*\})\s*$")  # anchored: config dumps are dicts too
 MEG_ITER = re.compile(
     r"^\s*(?:\[default\d+\]:\s*)?(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)\]\s*)?"
     r"iteration\s+(?P<iter>\d+)/\s*(?P<train_iters>\d+) \|(?P<rest>.*)$"
@@ -72,7 +79,9 @@ MEG_VALID = re.compile(r"validation loss at (?P<where>.*?) \| (?P<rest>.*)$")
 MEG_VALID_FIELD = re.compile(rf"(?P<key>[^|]+?) (?P<kind>value|PPL): (?P<val>{NUM})\s*\|")
 NANOGPT = re.compile(r"^step:(?P<step>\d+)/(?P<total>\d+)(?P<kv>(?: [A-Za-z_]+:\S+)+)\s*$")
 NANOGPT_KV = re.compile(rf" (?P<key>[A-Za-z_]+):(?P<val>{NUM})(?P<unit>[A-Za-z%]*)")
-FAIRSEQ = re.compile(r"^(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) \| (?P<level>[A-Z]+) \| (?P<name>[\w.]+) \| (?P<msg>.*)$")
+FAIRSEQ = re.compile(
+    r"^(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) \| (?P<level>[A-Z]+) \| (?P<name>[\w.]+) \| (?P<msg>.*)$"
+)
 FAIRSEQ_INNER = re.compile(r"^epoch (?P<epoch>\d+):\s+(?P<i>\d+) / (?P<n>\d+) (?P<kv>.*)$")
 FAIRSEQ_KV = re.compile(r"(?P<key>[\w/]+)=(?P<val>[^,\s]+)")
 FAIRSEQ_EPOCH = re.compile(rf"\| (?P<key>[\w/]+) (?P<val>{NUM})(?= \||\s*$)")
@@ -80,15 +89,31 @@ RECOVERY = re.compile(r"\[(?P<step>\d+)\] RECOVERY TRIGGERED: (?P<pattern>\S+) -
 OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|\bout of memory\b")
 NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|NCCL.*(?:[Tt]imeout|timed out)")
 TRACEBACK = "Traceback (most recent call last):"
-FLOPS_HEADER = "DeepSpeed Flops Profiler"
+FLOPS_HEADER = re.compile(r"^-{5,} DeepSpeed Flops Profiler -{5,}\s*$")
+FLOPS_MAX_LINES = 80  # the summary is ~40 lines; never let a stray banner swallow the log
 FLOPS_STEP = re.compile(r"Profile Summary at step (?P<step>\d+)")
 FLOPS_KV = re.compile(rf"^(?P<key>[A-Za-z][^:]*?):\s+(?P<val>{NUM})\s*(?P<unit>[A-Za-z/%]*)\s*$")
 FLOPS_END = "Aggregated Profile per GPU"
 UNIT_PREFIX = {"T": 1e12, "G": 1e9, "M": 1e6, "K": 1e3, "k": 1e3, "m": 1e-3, "u": 1e-6}
 UNIT_BASES = {"", "MACs", "FLOPS", "flops", "s"}
 
+# every rule needs one of these substrings: lines with none are skipped in one C-level search
+TRIGGER = re.compile(
+    r"step|SamplesPerSec|time \(ms\)|iteration|verflow|OVERFLOW|RECOVERY|ready now|heckpoint|minimum"
+    r"|Traceback|emory|ALLOC|imeout|timed out|Flops Profiler|\{'| \| | - "
+)
 SNIFF = (DS_PREFIX, OVERFLOW, MEG_ITER, NANOGPT, FAIRSEQ, HF_DICT, RECOVERY, DS_PIPE, TIMER)
 TEXT_SUFFIXES = (".log", ".txt", ".out", ".err", ".stdout", ".stderr")
+
+
+@functools.lru_cache(maxsize=256)
+def _first_momentum(text: str) -> float | None:
+    """beta1 of the first param group from `[(0.9, 0.999)]` or `[[0.9, 0.999]]` (repeats: cached)."""
+    try:
+        mom = ast.literal_eval(text)
+        return to_float(mom[0][0] if isinstance(mom[0], list | tuple) else mom[0])
+    except (ValueError, SyntaxError, IndexError, TypeError):
+        return None
 
 
 def _num(s: str | None) -> float | None:
@@ -147,8 +172,13 @@ class _Parser:
 
     def take_points(self) -> Points:
         n = len(self.codes)
-        pts = Points(list(self.tags), np.array(self.codes, np.int32), np.array(self.steps, np.int64),
-                     np.full(n, np.nan), np.array(self.values, np.float64))
+        pts = Points(
+            list(self.tags),
+            np.array(self.codes, np.int32),
+            np.array(self.steps, np.int64),
+            np.full(n, np.nan),
+            np.array(self.values, np.float64),
+        )
         self.tags, self.codes, self.steps, self.values = {}, [], [], []
         return pts
 
@@ -160,8 +190,10 @@ class _Parser:
             return
         if self.flops is not None and self._flops_line(line):
             return
-        if self.last_crash is not None:
-            self._traceback_line(line)
+        if self.last_crash is not None and self._traceback_line(line):
+            return
+        if not TRIGGER.search(line):
+            return
         for kind in (
             self._progress(line) or self._megatron(line) or self._other_formats(line),
             self._deepspeed_notices(line),
@@ -178,12 +210,7 @@ class _Parser:
             self.point("skipped", float(m["skipped"]))
             for i, v in enumerate(x for x in m["lr"].split(",") if x.strip()):
                 self.point("lr" if i == 0 else f"lr/{i}", to_float(v))
-            try:
-                mom = ast.literal_eval(m["mom"])
-                first = mom[0][0] if isinstance(mom[0], list | tuple) else mom[0]
-                self.point("mom", to_float(first))
-            except (ValueError, SyntaxError, IndexError, TypeError):
-                pass
+            self.point("mom", _first_momentum(m["mom"]))
             return "ds_progress"
         if "SamplesPerSec" in line:
             if m := DS_TPUT.search(line):
@@ -231,18 +258,33 @@ class _Parser:
             for k, v in fields.items():
                 self.point(k, v, it)
             if tail:
-                self.problems.append(Problem(self.line, "truncated_line",
-                                             f"line {self.line}: iteration {it} ends mid-field ({tail!r}); kept {len(fields)} complete fields"))
+                self.problems.append(
+                    Problem(
+                        self.line,
+                        "truncated_line",
+                        f"line {self.line}: iteration {it} ends mid-field ({tail!r}); kept {len(fields)} complete fields",
+                    )
+                )
             elif "lm loss" not in fields:
-                self.events.append(event(it, None, "nan_window", f"iteration {it}: no lm loss (every iteration in the window skipped or NaN)",
-                                         {"fields": fields}, self.line))
+                self.events.append(
+                    event(
+                        it,
+                        None,
+                        "nan_window",
+                        f"iteration {it}: no lm loss (every iteration in the window skipped or NaN)",
+                        {"fields": fields},
+                        self.line,
+                    )
+                )
             return "megatron_iteration"
         if m := MEG_VALID.search(line):
             where = re.search(r"iteration (\d+)", m["where"])
             step = int(where[1]) if where else self.step
             for fm in MEG_VALID_FIELD.finditer(m["rest"] + "|" if not m["rest"].endswith("|") else m["rest"]):
                 key = fm["key"].strip().lstrip("| ").strip()
-                self.point(f"validation/{key}" + (" PPL" if fm["kind"] == "PPL" else ""), float(fm["val"]), step)
+                self.point(
+                    f"validation/{key}" + (" PPL" if fm["kind"] == "PPL" else ""), float(fm["val"]), step
+                )
             return "megatron_validation"
         return None
 
@@ -269,7 +311,7 @@ class _Parser:
                     self.point(key if key.startswith(m["name"]) else f"{m['name']}/{key}", float(fm["val"]))
                 return "fairseq_epoch"
             return None
-        if "{'" in line and (m := HF_DICT.search(line)):
+        if "{'" in line and (m := HF_DICT.match(line)):
             # bare nan/inf are not Python literals: quote them, to_float reads them back
             text = re.sub(r"(?<![\w'])(-?(?:nan|inf))(?![\w'])", r"'\1'", m["d"])
             try:
@@ -291,18 +333,29 @@ class _Parser:
         if "verflow" not in line and "OVERFLOW" not in line:
             return None
         if m := OVERFLOW.search(line):
-            attrs = {"variant": "hysteresis" if m["hyst"] else ("reduce" if m["new_scale"] else "skip"), "source": m["tag"],
-                     "attempted_scale": _num(m["scale"]), "new_scale": _num(m["new_scale"])}
+            attrs = {
+                "variant": "hysteresis" if m["hyst"] else ("reduce" if m["new_scale"] else "skip"),
+                "source": m["tag"],
+                "attempted_scale": _num(m["scale"]),
+                "new_scale": _num(m["new_scale"]),
+            }
             if m["hyst"]:
                 attrs.update(hysteresis=int(m["hyst"]), new_hysteresis=int(m["new_hyst"]))
             self.pending.append({"message": m.group(0), "attrs": attrs, "line": self.line})
             return "overflow"
         if m := OVERFLOW_FP16.search(line):
-            attrs = {"variant": "reduce", "source": "fp16_optimizer", "attempted_scale": _num(m["scale"]), "new_scale": _num(m["new_scale"])}
+            attrs = {
+                "variant": "reduce",
+                "source": "fp16_optimizer",
+                "attempted_scale": _num(m["scale"]),
+                "new_scale": _num(m["new_scale"]),
+            }
             self.pending.append({"message": m.group(0), "attrs": attrs, "line": self.line})
             return "overflow"
         if m := GRAD_OVERFLOW.search(line):
-            self.events.append(event(int(m["iter"]), None, "overflow", m.group(0), {"variant": "grad_overflow"}, self.line))
+            self.events.append(
+                event(int(m["iter"]), None, "overflow", m.group(0), {"variant": "grad_overflow"}, self.line)
+            )
             return "overflow"
         return None
 
@@ -312,10 +365,28 @@ class _Parser:
                 changes = ast.literal_eval(m["changes"])
             except (ValueError, SyntaxError):
                 changes = m["changes"]
-            self.events.append(event(int(m["step"]), None, "recovery", line.strip(), {"pattern": m["pattern"], "changes": changes}, self.line))
+            self.events.append(
+                event(
+                    int(m["step"]),
+                    None,
+                    "recovery",
+                    line.strip(),
+                    {"pattern": m["pattern"], "changes": changes},
+                    self.line,
+                )
+            )
             return "recovery"
         if "is ready now" in line and (m := CKPT_SAVED.search(line)):
-            self.events.append(event(int(m["step"]), None, "checkpoint", line.strip(), {"tag": f"global_step{m['step']}"}, self.line))
+            self.events.append(
+                event(
+                    int(m["step"]),
+                    None,
+                    "checkpoint",
+                    line.strip(),
+                    {"tag": f"global_step{m['step']}"},
+                    self.line,
+                )
+            )
             return "checkpoint"
         if "heckpoint" in line and (m := CKPT_LOAD.search(line)):
             gs = re.search(r"global_step(\d+)|checkpoint-(\d+)", m["path"])
@@ -333,24 +404,30 @@ class _Parser:
             self.events.append(event(self.step, None, "oom", line.strip()[:500], {}, self.line))
             return "oom"
         if ("imeout" in line or "timed out" in line) and NCCL_TIMEOUT.search(line):
-            self.events.append(event(self.step, None, "text", line.strip()[:500], {"reason": "nccl_timeout"}, self.line))
+            self.events.append(
+                event(self.step, None, "text", line.strip()[:500], {"reason": "nccl_timeout"}, self.line)
+            )
             return "nccl_timeout"
-        if FLOPS_HEADER in line:
-            self.flops = {}
+        if "Flops Profiler" in line and FLOPS_HEADER.match(line):
+            self.flops = {"_lines": 0}
             return "flops_profile"
         return None
 
-    def _traceback_line(self, line: str) -> None:
-        """The first unindented line after a traceback is the exception: it names the crash."""
+    def _traceback_line(self, line: str) -> bool:
+        """The first unindented line after a traceback is the exception: it names the crash.
+        Returns True when the line was that exception (it is then no record of its own)."""
         if line.startswith((" ", "\t", TRACEBACK)):
-            return
+            return line.startswith((" ", "\t"))
         self.last_crash["message"] = line.strip()[:500]
-        if re.search(r"OutOfMemoryError|out of memory", line):
+        if OOM.search(line):
             self.last_crash["kind"] = "oom"
         self.last_crash = None
+        return True
 
     def _flops_line(self, line: str) -> bool:
-        if FLOPS_END in line:
+        self.flops["_lines"] += 1
+        if FLOPS_END in line or self.flops["_lines"] > FLOPS_MAX_LINES:
+            self.flops.pop("_lines")
             self.config["flops_profile"] = self.flops
             self.flops = None
             return True
@@ -399,9 +476,10 @@ class TextLogIngestor:
             batch.records, parser.records = parser.records, 0
             batch.state = parser.state()
             if parser.pending:
-                batch.note = f"{len(parser.pending)} OVERFLOW notices wait for the next line that states a step"
+                batch.note = (
+                    f"{len(parser.pending)} OVERFLOW notices wait for the next line that states a step"
+                )
             batch.counts, parser.kinds = parser.kinds, {}
             if parser.no_step > no_step_before:
                 batch.counts["values_before_first_step"] = parser.no_step - no_step_before
             yield batch
-

@@ -45,7 +45,10 @@ def series(store, run, tag, view="scalars"):
 
 
 def events(store, run, kind):
-    return q(store, f"SELECT step, message, attrs FROM events WHERE run_id = '{run}' AND kind = '{kind}' ORDER BY \"offset\"")
+    return q(
+        store,
+        f"SELECT step, message, attrs FROM events WHERE run_id = '{run}' AND kind = '{kind}' ORDER BY \"offset\"",
+    )
 
 
 def test_row3_mlflow_equals_keras_tensorboard(store):
@@ -92,11 +95,24 @@ def test_row9_pipeline_engine(store):
 def test_row10_cifar_timers_and_flops_profile(store):
     run = "deepspeed_cifar10_fp16_wallclock_console"
     assert series(store, run, "skipped")["step"].to_list() == [0]
-    counts = dict(q(store, f"SELECT tag, count(*) FROM scalars_all WHERE run_id = '{run}' AND tag LIKE 'time/%' GROUP BY tag").rows())
-    assert counts["time/compute_norm"] == 10 and counts["time/forward_microstep"] == 10 and counts["time/forward"] == 10
-    assert not any(t.startswith("time/ep_") or t == "time/ep_microstep" for t in counts)  # the elided fragment
+    counts = dict(
+        q(
+            store,
+            f"SELECT tag, count(*) FROM scalars_all WHERE run_id = '{run}' AND tag LIKE 'time/%' GROUP BY tag",
+        ).rows()
+    )
+    assert (
+        counts["time/compute_norm"] == 10
+        and counts["time/forward_microstep"] == 10
+        and counts["time/forward"] == 10
+    )
+    assert not any(
+        t.startswith("time/ep_") or t == "time/ep_microstep" for t in counts
+    )  # the elided fragment
     assert events(store, run, "overflow").height == 0
-    flops = json.loads(q(store, f"SELECT config FROM runs WHERE run_id = '{run}'")["config"][0])["flops_profile"]
+    flops = json.loads(q(store, f"SELECT config FROM runs WHERE run_id = '{run}'")["config"][0])[
+        "flops_profile"
+    ]
     assert flops["step"] == 2
     assert flops["iter latency"] == pytest.approx(7.6e-3)
     assert flops["samples/second"] == 2105.51  # FORMATS.md §6 prints it as "real_logs/second"
@@ -139,9 +155,22 @@ def test_row11_extras(store):
 def test_row12_old_forms(store):
     run = "deepspeed_0.5_step_and_old_timer"
     assert series(store, run, "skipped").rows() == [(40, 2.0), (50, 2.0), (60, 2.0)]
-    assert q(store, f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'SamplesPerSec'")["n"][0] == 2
-    assert q(store, f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'MemAllocated'")["n"][0] == 2
-    t255 = q(store, "SELECT tag, count(*) n FROM scalars_all WHERE run_id = 'deepspeed_2020_wall_clock_breakdown_timers' GROUP BY tag")
+    assert (
+        q(store, f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'SamplesPerSec'")["n"][
+            0
+        ]
+        == 2
+    )
+    assert (
+        q(store, f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'MemAllocated'")["n"][
+            0
+        ]
+        == 2
+    )
+    t255 = q(
+        store,
+        "SELECT tag, count(*) n FROM scalars_all WHERE run_id = 'deepspeed_2020_wall_clock_breakdown_timers' GROUP BY tag",
+    )
     assert dict(t255.rows())["SamplesPerSec"] == 1
     assert sum(n for t, n in t255.rows() if t.startswith("time/")) >= 8
     # 5 timer lines, 2 glued to tqdm bars; no line states a step, so they are counted, not placed
@@ -150,12 +179,20 @@ def test_row12_old_forms(store):
 
 def test_row13_megatron_iteration_lines(store):
     run = "megatron_deepspeed_iteration_lines_extracted_from_chronicles"
-    assert q(store, f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'lm loss'")["n"][0] == 65
+    assert (
+        q(store, f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'lm loss'")["n"][0]
+        == 65
+    )
     prob = q(store, f"SELECT kind FROM problems WHERE run_id = '{run}'")
     assert prob["kind"].to_list() == ["truncated_line"] * 6
     nan = events(store, run, "nan_window")
     assert nan["step"].to_list() == [9027]
-    assert q(store, f"SELECT DISTINCT metric FROM scalars WHERE run_id = '{run}' AND tag = 'lm loss'")["metric"][0] == "loss"
+    assert (
+        q(store, f"SELECT DISTINCT metric FROM scalars WHERE run_id = '{run}' AND tag = 'lm loss'")["metric"][
+            0
+        ]
+        == "loss"
+    )
 
 
 def test_row14_overflow_attached_to_following_iteration(store):
@@ -165,7 +202,14 @@ def test_row14_overflow_attached_to_following_iteration(store):
     assert loss.filter(loss["step"] == 17062)["value"][0] == pytest.approx(4.374, abs=1e-3)
     ov = events(store, run, "overflow")
     assert ov["step"].to_list() == [17062, 17063, 17064, 17065, 17067, 17068]
-    assert [json.loads(a)["new_scale"] for a in ov["attrs"]] == [1048576.0, 524288.0, 262144.0, 131072.0, 65536.0, 32768.0]
+    assert [json.loads(a)["new_scale"] for a in ov["attrs"]] == [
+        1048576.0,
+        524288.0,
+        262144.0,
+        131072.0,
+        65536.0,
+        32768.0,
+    ]
 
 
 def test_row15_megatron_lm(store):
@@ -180,8 +224,14 @@ def test_row16_llamafactory_state_and_jsonl(store):
     run = "hf_trainer/mistral_llamafactory"
     loss = series(store, run, "loss")
     assert loss.height == 866 and loss["step"].to_list() == list(range(10, 8670, 10))
-    raw = q(store, f"SELECT source, count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'loss' GROUP BY source ORDER BY source")
-    assert raw.rows() == [("hf_trainer", 866), ("jsonl", 866)]  # one current row per step: the trainer state wins
+    raw = q(
+        store,
+        f"SELECT source, count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'loss' GROUP BY source ORDER BY source",
+    )
+    assert raw.rows() == [
+        ("hf_trainer", 866),
+        ("jsonl", 866),
+    ]  # one current row per step: the trainer state wins
     cur = q(store, f"SELECT count(*) n FROM scalars WHERE run_id = '{run}' AND tag = 'loss'")
     assert cur["n"][0] == 866
     config = json.loads(q(store, f"SELECT config FROM runs WHERE run_id = '{run}'")["config"][0])
@@ -214,7 +264,9 @@ def test_row18_trl_checkpoint_state_is_not_completed(store):
 
 def test_row19_lightning_csv(store):
     run = "lightning_csvlogger/slm_training_version_0"
-    counts = dict(q(store, f"SELECT tag, count(*) FROM scalars_all WHERE run_id = '{run}' GROUP BY tag").rows())
+    counts = dict(
+        q(store, f"SELECT tag, count(*) FROM scalars_all WHERE run_id = '{run}' GROUP BY tag").rows()
+    )
     assert counts["train_loss_step"] == 2814 and counts["val_loss"] == 10 and counts["epoch_time"] == 10
     assert q(store, f"SELECT max(step) m FROM scalars WHERE run_id = '{run}'")["m"][0] == 140739
     config = json.loads(q(store, f"SELECT config FROM runs WHERE run_id = '{run}'")["config"][0])
@@ -223,22 +275,38 @@ def test_row19_lightning_csv(store):
 
 def test_row20_21_nanogpt(store):
     run = "modded-nanogpt"
-    train = q(store, f"SELECT step, value, source_file FROM scalars_all WHERE run_id = '{run}' AND tag = 'train_loss'")
+    train = q(
+        store,
+        f"SELECT step, value, source_file FROM scalars_all WHERE run_id = '{run}' AND tag = 'train_loss'",
+    )
     assert train.height == 6200 and sorted(train["step"]) == list(range(1, 6201))
-    val = q(store, f"SELECT step, value, source_file FROM scalars_all WHERE run_id = '{run}' AND tag = 'val_loss' ORDER BY source_file, step")
+    val = q(
+        store,
+        f"SELECT step, value, source_file FROM scalars_all WHERE run_id = '{run}' AND tag = 'val_loss' ORDER BY source_file, step",
+    )
     muon = val.filter(val["source_file"].str.contains("Muon"))
     sub3 = val.filter(val["source_file"].str.contains("Sub3Min"))
     assert muon.height == 51 and muon["value"][-1] == 3.2785
     assert sub3.height == 13 and sub3.row(-1)[:2] == (1393, 3.2785)
-    nan = q(store, f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'step_avg' AND isnan(value)")
+    nan = q(
+        store,
+        f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'step_avg' AND isnan(value)",
+    )
     assert nan["n"][0] == 26
 
 
 def test_row22_fairseq(store):
     loss = series(store, "fairseq_train_inner_text", "loss")
     assert loss.rows() == [(2800, 9.255), (2900, 8.979), (3000, 9.376), (3100, 9.251)]
-    js = q(store, "SELECT tag, step, value FROM scalars WHERE run_id = 'fairseq_json_log_format' AND tag IN ('loss', 'valid_loss') ORDER BY step, tag")
-    assert [r for r in js.rows() if r[0] == "loss"] == [("loss", 53749, 3.097), ("loss", 55899, 3.095), ("loss", 58049, 3.092)]
+    js = q(
+        store,
+        "SELECT tag, step, value FROM scalars WHERE run_id = 'fairseq_json_log_format' AND tag IN ('loss', 'valid_loss') ORDER BY step, tag",
+    )
+    assert [r for r in js.rows() if r[0] == "loss"] == [
+        ("loss", 53749, 3.097),
+        ("loss", 55899, 3.095),
+        ("loss", 58049, 3.092),
+    ]
     assert len([r for r in js.rows() if r[0] == "valid_loss"]) == 3  # the first comes before any step
     note = q(store, "SELECT note FROM files WHERE run_id = 'fairseq_json_log_format'")["note"][0]
     assert "1 records before the first step" in note

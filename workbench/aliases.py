@@ -10,6 +10,7 @@ resolved at query time so that editing `workbench.toml` applies to data already 
 from __future__ import annotations
 
 import fnmatch
+import re
 import tomllib
 from pathlib import Path
 
@@ -23,7 +24,10 @@ BUILTIN: list[tuple[str, str]] = [
     ("lr", r"((train|training|optim)[/_])?(lr|learning[_ -]rate)(-?0|/group_?0|/pg0)?"),
     ("lr", r"train/samples/lr"),
     ("loss_scale", r"((train|training)[/_])?loss[_ -]scale|train/samples/loss_scale|derived/loss_scale"),
-    ("samples_per_sec", r"((train|training)[/_])?samples[_ -]?per[_ -]?sec(ond)?|throughput|samples/sec(ond)?"),
+    (
+        "samples_per_sec",
+        r"((train|training)[/_])?samples[_ -]?per[_ -]?sec(ond)?|throughput|samples/sec(ond)?",
+    ),
     ("samples_per_sec", r"(runningavg)?samplespersec"),
 ]
 
@@ -45,12 +49,17 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
+def glob_regex(glob: str) -> str:
+    """`*` any run of characters, `?` one character, everything else literal."""
+    return "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob)
+
+
 def metric_case_sql(column: str, user: dict[str, list[str]] | None = None) -> str:
     """A SQL CASE expression mapping a tag column to its canonical metric (NULL if none)."""
     arms = []
     for metric, globs in (user or {}).items():
         for g in globs:
-            regex = fnmatch.translate(g).removeprefix("(?s:").removesuffix(")\\z")
+            regex = glob_regex(g)
             arms.append(f"WHEN regexp_full_match({column}, {_sql_str(regex)}) THEN {_sql_str(metric)}")
     for metric, regex in BUILTIN:
         arms.append(f"WHEN regexp_full_match(lower({column}), {_sql_str(regex)}) THEN {_sql_str(metric)}")
@@ -59,8 +68,6 @@ def metric_case_sql(column: str, user: dict[str, list[str]] | None = None) -> st
 
 def metric_for(tag: str, user: dict[str, list[str]] | None = None) -> str | None:
     """The same mapping in Python (for code that works on frames, not SQL)."""
-    import re
-
     for metric, globs in (user or {}).items():
         if any(fnmatch.fnmatchcase(tag, g) for g in globs):
             return metric

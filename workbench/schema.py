@@ -109,6 +109,7 @@ def conform(df: pl.DataFrame, schema: dict, what: str) -> pl.DataFrame:
         raise ValueError(f"{what}: missing columns {missing}")
     return df.select([pl.col(c).cast(t, strict=True) for c, t in schema.items()])
 
+
 # When two sources of one run log the same tag at the same step, the first in this list keeps
 # the current row (the other stays in scalars_all, superseded): full-precision structured files
 # before binary summaries, and both before console text (rounded for display).
