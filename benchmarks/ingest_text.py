@@ -41,7 +41,9 @@ def write_log(mb: int) -> Path:
         cycle = 0
         while f.tell() < mb * 1e6:
             offset = cycle * 50
-            f.writelines(STEP_RE.sub(lambda m: f"{m[1]}{int(m[2]) + offset}", line) for line in template)
+            f.writelines(
+                STEP_RE.sub(lambda m, off=offset: f"{m[1]}{int(m[2]) + off}", line) for line in template
+            )
             cycle += 1
     return run
 

@@ -31,11 +31,17 @@ CONTAINER_DIRS = {
     "monitor_csv",
 }
 STAMP_PARENTS = {"runs", "monitor_tb", "monitor_csv"}  # their sub-folders are one run's sources
-CHECKPOINT_DIR = re.compile(r"checkpoint-\d+|global_step\d+|checkpoints?|last-checkpoint|ckpt")
+CHECKPOINT_DIR = re.compile(r"checkpoint-\d+|global_step\d+|checkpoints?|last-checkpoint|ckpts?")
 HPARAMS_DIR = re.compile(r"\d{9,11}\.\d+")
 HF_STAMP_DIR = re.compile(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+")
 SUB_SOURCE_FORMATS = {"tensorboard", "deepspeed_monitor_csv"}
 HEAD_BYTES = 4096
+
+
+@dataclass
+class Discovery:
+    files: list[Found]
+    checkpoints: list[tuple[Path, Path]]  # (checkpoint folder or container, its run folder)
 
 
 @dataclass(frozen=True)
@@ -63,15 +69,20 @@ def _sniff(path: Path, ingestors) -> str | None:
     return None
 
 
-def discover(root: Path, ingestors) -> list[Found]:
-    """All files under `root` (or `root` itself when it is a file), each with its run folder."""
+def discover(root: Path, ingestors) -> Discovery:
+    """All files under `root` (or `root` itself when it is a file), each with its run folder,
+    and the checkpoint folders met on the way."""
     root = root.absolute()
     if root.is_file():
         fmt = _sniff(root, ingestors)
-        return [Found(root, root.parent, fmt, None if fmt else "not a log format this workbench reads")]
+        return Discovery(
+            [Found(root, root.parent, fmt, None if fmt else "not a log format this workbench reads")], []
+        )
     files: dict[Path, list[tuple[Path, str | None]]] = {}
+    checkpoint_dirs: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         d = Path(dirpath)
+        checkpoint_dirs += [d / n for n in dirnames if CHECKPOINT_DIR.fullmatch(n)]
         dirnames[:] = sorted(
             n
             for n in dirnames
@@ -123,7 +134,8 @@ def discover(root: Path, ingestors) -> list[Found]:
                 found.append(Found(p, run_dir, None, fmt))
             else:
                 found.append(Found(p, run_dir, fmt, None if fmt else "not a log format this workbench reads"))
-    return sorted(found, key=lambda f: str(f.path))
+    checkpoints = [(c, owner(c.parent)) for c in sorted(checkpoint_dirs)]
+    return Discovery(sorted(found, key=lambda f: str(f.path)), checkpoints)
 
 
 def run_id_for(run_dir: Path, root: Path, base: Path) -> str:

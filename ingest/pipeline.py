@@ -26,6 +26,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from ingest import checkpoints
 from ingest.base import Problem, ReadContext
 from ingest.discover import Found, discover, run_id_for
 from ingest.formats import make_ingestors
@@ -116,9 +117,15 @@ def ingest(
             if str(base) not in roots:
                 roots.append(str(base))
                 w.add("roots", [{"root": str(base)}])
-            for f in discover(root, ingestors):
+            found = discover(root, ingestors)
+            for f in found.files:
                 run_id = run_id_for(f.run_dir, root, base)
                 work.append((f, run_id))
+            for folder, run_dir in found.checkpoints:
+                w.set_checkpoints(
+                    str(folder),
+                    [{**row, "run_id": run_id_for(run_dir, root, base)} for row in checkpoints.scan(folder)],
+                )
         plans = []
         for f, run_id in work:
             key = str(f.path)
@@ -203,9 +210,7 @@ def _read_file(w, ingestor, f: Found, run_id, offset, prev, report, progress, ta
     ctx = ReadContext(run_id, state=state, plugins=w.plugins(run_id), run_config=w.run_config(run_id))
     try:
         for batch in ingestor.read(f.path, offset, ctx):
-            w.add_chunk(run_id, key, ingestor.name, batch.start, batch.end, batch.points)
-            if batch.events:
-                w.add("events", [{**e, "run_id": run_id, "path": key} for e in batch.events])
+            w.add_chunk(run_id, key, ingestor.name, batch.start, batch.end, batch.points, batch.events)
             if batch.problems:
                 w.add(
                     "problems",

@@ -75,6 +75,27 @@ def test_deepspeed_run_layout_and_samples_to_steps(store, tmp_path):
     assert samples.row(0) == (1, 32.0)
     config = json.loads(q(store, "SELECT config FROM runs")["config"][0])
     assert config["ds_config"]["train_batch_size"] == 32
+    ckpt = q(store, "SELECT run_id, step, kind, metadata FROM checkpoints").rows()
+    assert ckpt == [("ds_run", 20, "deepspeed", '{"latest": true}')]
+
+
+def test_torch_checkpoints_with_metadata_beside_them(store, tmp_path):
+    run = tmp_path / "r/exp"
+    tbx_scalars(run, {"loss": [(0, 1.0)]})
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints/ckpt_100.pt").write_bytes(b"x" * 1000)
+    (run / "checkpoints/ckpt_100.json").write_text(
+        json.dumps({"step": 100, "sha256": "ab12", "parent_run": "exp0"})
+    )
+    (run / "checkpoints/step_200.pt").write_bytes(b"y" * 10)
+    ingest_paths(store, tmp_path / "r")
+    rows = q(store, "SELECT run_id, step, kind, size, metadata FROM checkpoints ORDER BY step").rows()
+    assert [r[:4] for r in rows] == [("exp", 100, "torch", 1000), ("exp", 200, "torch", 10)]
+    assert json.loads(rows[0][4]) == {"parent_run": "exp0", "sha256": "ab12", "step": 100}
+    (run / "checkpoints/ckpt_100.pt").unlink()  # rotated away
+    (run / "checkpoints/ckpt_100.json").unlink()
+    ingest_paths(store, tmp_path / "r")
+    assert q(store, "SELECT step FROM checkpoints")["step"].to_list() == [200]
 
 
 def test_monitor_csv_without_config_keeps_samples_and_says_so(store, tmp_path):

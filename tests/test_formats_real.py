@@ -239,6 +239,9 @@ def test_row16_llamafactory_state_and_jsonl(store):
     assert config["trainer_summary"]["train_runtime"] == 20387.7129
     assert series(store, run, "throughput", "scalars_all")["value"][0] == 0.0  # the string "0.00"
     assert q(store, f"SELECT count(*) n FROM events WHERE run_id = '{run}' AND kind = 'eval'")["n"][0] == 0
+    ckpt = q(store, f"SELECT step, kind, metadata FROM checkpoints WHERE run_id = '{run}' ORDER BY step")
+    assert ckpt["step"].to_list() == [500, 8500] and set(ckpt["kind"]) == {"hf"}
+    assert json.loads(ckpt["metadata"][1])["max_steps"] == 8660
 
 
 def test_row17_whisper_old_trainer_state(store):

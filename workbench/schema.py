@@ -59,7 +59,9 @@ CHUNK_TAGS = {
     "max_step": pl.Int64,
 }
 
-EVENTS = {
+# Events of one chunk, written as a Parquet part beside the points (joined to chunks by id).
+EVENT_PART = {
+    "chunk_id": pl.Int64,
     "run_id": pl.String,
     "step": pl.Int64,
     "wall_time": pl.Float64,
@@ -84,17 +86,28 @@ PLUGINS = {"run_id": pl.String, "tag": pl.String, "plugin": pl.String}
 # Per run: configuration gathered from the logs (hparams, ...), as a JSON object.
 RUN_CONFIG = {"run_id": pl.String, "config": pl.String}
 
+CHECKPOINTS = {
+    "run_id": pl.String,
+    "step": pl.Int64,
+    "path": pl.String,
+    "kind": pl.String,  # hf | deepspeed | torch
+    "wall_time": pl.Float64,  # newest mtime of its files
+    "size": pl.Int64,
+    "files": pl.Int64,
+    "metadata": pl.String,  # JSON: trainer_state fields, DeepSpeed `latest`, torch metadata (sha256, parent, ...)
+}
+
 ROOTS = {"root": pl.String}
 
 META_TABLES = {
     "files": FILES,
     "chunks": CHUNKS,
     "chunk_tags": CHUNK_TAGS,
-    "events": EVENTS,
     "problems": PROBLEMS,
     "plugins": PLUGINS,
     "run_config": RUN_CONFIG,
     "roots": ROOTS,
+    "checkpoints": CHECKPOINTS,
 }
 
 

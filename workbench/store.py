@@ -182,7 +182,7 @@ class StoreWriter:
     def drop_file(self, path: str) -> None:
         self._flush_parts()
         self._dropped_paths.add(path)
-        for t in ("files", "chunks", "events", "problems"):
+        for t in ("files", "chunks", "problems"):
             df = self.tables[t]
             old = df.filter(pl.col("path") == path)
             if t == "chunks":
@@ -194,8 +194,18 @@ class StoreWriter:
             self.tables[t] = df.filter(pl.col("path") != path)
             self._new[t] = [d.filter(pl.col("path") != path) for d in self._new[t]]
 
-    def add_chunk(self, run_id: str, path: str, source: str, start: int, end: int, points: Points) -> int:
-        """Queue one batch of points (in logged order) as a Parquet part; returns its chunk id.
+    def add_chunk(
+        self,
+        run_id: str,
+        path: str,
+        source: str,
+        start: int,
+        end: int,
+        points: Points,
+        events: list[dict] = (),
+    ) -> int:
+        """Queue one batch of points (in logged order) and its events as Parquet parts; returns
+        its chunk id.
 
         The part is written on a background thread while the caller decodes the next batch; at
         most one part waits, so memory stays bounded. `commit()` waits for every part.
@@ -218,10 +228,16 @@ class StoreWriter:
                 schema=schema.CHUNKS,
             ),
         )
+        if events:
+            frame = pl.DataFrame(
+                [{**e, "chunk_id": chunk_id, "run_id": run_id, "path": path} for e in events],
+                schema=schema.EVENT_PART,
+            )
+            self._pending.append(self._pool.submit(self._write_events, run_id, chunk_id, frame))
         if len(points):
-            while len(self._pending) > 1:
-                self._collect(self._pending.pop(0))
             self._pending.append(self._pool.submit(self._write_part, run_id, chunk_id, points))
+        while len(self._pending) > 2:
+            self._collect(self._pending.pop(0))
         return chunk_id
 
     def close(self) -> None:
@@ -231,7 +247,18 @@ class StoreWriter:
         self._pool.shutdown(wait=True)
 
     def _collect(self, future) -> None:
-        self.add("chunk_tags", future.result())
+        result = future.result()
+        if result is not None:
+            self.add("chunk_tags", result)
+
+    def _write_events(self, run_id: str, chunk_id: int, frame: pl.DataFrame) -> None:
+        folder = self.root / "events" / run_key(run_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        part = folder / f"e{chunk_id}.parquet"
+        tmp = part.with_name(part.name + ".tmp")
+        frame.write_parquet(tmp, compression="zstd")
+        _fsync_file(tmp)
+        os.replace(tmp, part)
 
     def _flush_parts(self) -> None:
         while self._pending:
@@ -290,6 +317,13 @@ class StoreWriter:
         self.tables["files"] = self.tables["files"].filter(pl.col("path") != row["path"])
         self._new["files"] = [d.filter(pl.col("path") != row["path"]) for d in self._new["files"]]
         self.add("files", [row])
+
+    def set_checkpoints(self, folder: str, rows: list[dict]) -> None:
+        """Replace what is known of the checkpoints in `folder` (they come and go with rotation)."""
+        inside = pl.col("path").str.starts_with(folder.rstrip("/") + "/") | (pl.col("path") == folder)
+        self.tables["checkpoints"] = self.tables["checkpoints"].filter(~inside)
+        self._new["checkpoints"] = [d.filter(~inside) for d in self._new["checkpoints"]]
+        self.add("checkpoints", rows)
 
     def set_run_config(self, run_id: str, config: dict) -> None:
         merged = _deep_merge(self.run_config(run_id), config)
@@ -371,15 +405,13 @@ class StoreWriter:
         live: set[str] = set()
         for g in keep:
             chunks = pl.read_parquet(g / "chunks.parquet", columns=["chunk_id", "run_id"])
-            live.update(
-                f"{run_key(r)}/c{c}.parquet"
-                for c, r in zip(chunks["chunk_id"].to_list(), chunks["run_id"].to_list(), strict=True)
-            )
-        scalars = self.root / "scalars"
-        if scalars.exists():
-            for part in scalars.glob("*/*"):
-                if f"{part.parent.name}/{part.name}" not in live:
-                    part.unlink(missing_ok=True)
+            for c, r in zip(chunks["chunk_id"].to_list(), chunks["run_id"].to_list(), strict=True):
+                live.update((f"scalars/{run_key(r)}/c{c}.parquet", f"events/{run_key(r)}/e{c}.parquet"))
+        for kind in ("scalars", "events"):
+            if (self.root / kind).exists():
+                for part in (self.root / kind).glob("*/*"):
+                    if f"{kind}/{part.parent.name}/{part.name}" not in live:
+                        part.unlink(missing_ok=True)
 
 
 def _sql_str(s: str) -> str:
@@ -408,9 +440,22 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         + f" ELSE {len(schema.SOURCE_PRECEDENCE)} END"
     )
     user = aliases.load_user_aliases(root, Path.cwd())
+    event_parts = sorted((root / "events").glob("*/e*.parquet")) if (root / "events").exists() else []
+    if event_parts:
+        event_glob = _sql_str(str(root / "events" / "*" / "e*.parquet"))
+        event_sql = (
+            f"SELECT e.* EXCLUDE (chunk_id) FROM read_parquet({event_glob}) e "
+            "SEMI JOIN _chunks c ON c.chunk_id = e.chunk_id"
+        )
+    else:
+        event_cols = ", ".join(
+            f"CAST(NULL AS {_duck_type(t)}) AS {c}" for c, t in schema.EVENT_PART.items() if c != "chunk_id"
+        )
+        event_sql = f"SELECT {event_cols} WHERE false"
     metric_rows = f"SELECT DISTINCT tag, {aliases.metric_case_sql('tag', user)} AS metric FROM _chunk_tags"
     stmts += [
         f"CREATE OR REPLACE VIEW _parts AS {part_sql}",
+        f"CREATE OR REPLACE VIEW _events AS {event_sql}",
         f"CREATE OR REPLACE VIEW _tag_metric AS {metric_rows}",
         # segments: a run's files in the order they were first written
         """CREATE OR REPLACE VIEW _file_order AS
@@ -459,6 +504,8 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         "CREATE OR REPLACE VIEW events AS SELECT run_id, step, wall_time, kind, message, attrs, "
         'path AS source_file, "offset" FROM _events',
         "CREATE OR REPLACE VIEW problems AS SELECT * FROM _problems",
+        "CREATE OR REPLACE VIEW checkpoints AS SELECT run_id, step, path, kind, to_timestamp(wall_time) AS wall_time, "
+        "size, files, metadata FROM _checkpoints",
         f"CREATE OR REPLACE VIEW _run_status AS {run_status_sql()}",
         """CREATE OR REPLACE VIEW runs AS
            WITH pts AS (

@@ -1,0 +1,100 @@
+"""Checkpoints found beside the logs: HF `checkpoint-N/`, DeepSpeed `global_stepN/` (+ `latest`),
+torch files with a metadata JSON beside them (step, sha256, parent) in `checkpoints/` or `ckpt/`.
+
+Only size, mtime and the small metadata files are read: weights are never opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+HF_DIR = re.compile(r"checkpoint-(\d+)")
+DS_DIR = re.compile(r"global_step(\d+)")
+CONTAINERS = {"checkpoints", "checkpoint", "ckpt", "ckpts"}
+WEIGHTS = (".pt", ".pth", ".ckpt", ".safetensors", ".bin")
+STEP_IN_NAME = re.compile(r"(?:step|iter|ckpt|checkpoint|epoch)[_-]?(\d+)", re.IGNORECASE)
+
+
+def _tree_size(path: Path) -> tuple[int, int, float]:
+    """(bytes, files, newest mtime) of a file or folder."""
+    if path.is_file():
+        st = path.stat()
+        return st.st_size, 1, st.st_mtime
+    size = files = 0
+    newest = path.stat().st_mtime
+    for dirpath, _, names in os.walk(path):
+        for n in names:
+            st = os.stat(os.path.join(dirpath, n))
+            size, files, newest = size + st.st_size, files + 1, max(newest, st.st_mtime)
+    return size, files, newest
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _row(path: Path, step: int | None, kind: str, metadata: dict) -> dict:
+    size, files, mtime = _tree_size(path)
+    return {
+        "path": str(path),
+        "step": step,
+        "kind": kind,
+        "wall_time": mtime,
+        "size": size,
+        "files": files,
+        "metadata": json.dumps(metadata, sort_keys=True, default=str),
+    }
+
+
+def scan(folder: Path) -> list[dict]:
+    """Checkpoint rows for one pruned checkpoint folder (or a container of checkpoints)."""
+    name = folder.name
+    if m := HF_DIR.fullmatch(name):
+        state = _json(folder / "trainer_state.json")
+        meta = {
+            k: state[k]
+            for k in ("global_step", "best_metric", "best_model_checkpoint", "max_steps")
+            if k in state
+        }
+        return [_row(folder, int(m[1]), "hf", meta)]
+    if name == "last-checkpoint":
+        state = _json(folder / "trainer_state.json")
+        return [
+            _row(
+                folder,
+                state.get("global_step"),
+                "hf",
+                {"global_step": state.get("global_step"), "last_checkpoint": True},
+            )
+        ]
+    if m := DS_DIR.fullmatch(name):
+        latest = folder.parent / "latest"
+        is_latest = latest.is_file() and latest.read_text().strip() == name
+        return [_row(folder, int(m[1]), "deepspeed", {"latest": is_latest})]
+    if name not in CONTAINERS:
+        return []
+    rows: list[dict] = []
+    seen: set[Path] = set()
+    for child in sorted(folder.iterdir()):
+        if child.is_dir():
+            rows += scan(child)
+        elif child.suffix == ".json":
+            meta = _json(child)
+            if "step" not in meta:
+                continue
+            weights = next((child.with_suffix(s) for s in WEIGHTS if child.with_suffix(s).exists()), None)
+            target = weights or child
+            seen.add(target)
+            rows.append(_row(target, int(meta["step"]), "torch", meta))
+    for child in sorted(folder.iterdir()):
+        if child.is_file() and child.suffix in WEIGHTS and child not in seen:
+            m = STEP_IN_NAME.search(child.stem)
+            rows.append(_row(child, int(m[1]) if m else None, "torch", {}))
+    return rows
