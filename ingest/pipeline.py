@@ -30,6 +30,7 @@ from ingest import checkpoints
 from ingest.base import Problem, ReadContext
 from ingest.discover import Found, discover, run_id_for
 from ingest.formats import make_ingestors
+from ingest.labels import read_labels_toml
 from workbench.store import Store, StoreError
 
 SIG_BYTES = 4096
@@ -45,6 +46,7 @@ class IngestReport:
     bytes_read: int = 0
     problems: list[tuple[str, Problem]] = field(default_factory=list)
     notes: list[tuple[str, str]] = field(default_factory=list)
+    labels: int = 0
     seconds: float = 0.0
 
     @property
@@ -117,6 +119,9 @@ def ingest(
             if str(base) not in roots:
                 roots.append(str(base))
                 w.add("roots", [{"root": str(base)}])
+            labels_file = (root if root.is_dir() else root.parent) / "labels.toml"
+            if labels_file.is_file():
+                _read_labels(w, labels_file, root, base, report)
             found = discover(root, ingestors)
             for f in found.files:
                 run_id = run_id_for(f.run_dir, root, base)
@@ -156,6 +161,20 @@ def ingest(
         w.commit()
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _read_labels(w, path: Path, root: Path, base: Path, report: IngestReport) -> None:
+    rows, problems = read_labels_toml(path)
+    w.set_labels(
+        str(path.absolute()),
+        [
+            {k: v for k, v in r.items() if k != "folder"}
+            | {"run_id": run_id_for(path.parent / r["folder"], root, base)}
+            for r in rows
+        ],
+    )
+    report.problems.extend((str(path), p) for p in problems)
+    report.labels += len(rows)
 
 
 def _progress(console: Console, total: int) -> Progress:

@@ -63,7 +63,9 @@ OVERFLOW_FP16 = re.compile(
 )
 GRAD_OVERFLOW = re.compile(r"Grad overflow on iteration:? ?(?P<iter>\d+)")
 MIN_SCALE = re.compile(r"Current loss scale already at minimum")
-CKPT_SAVED = re.compile(r"global_step(?P<step>\d+) is ready now")
+# one per save in every DeepSpeed version ("... is ready now" is gone in 0.19)
+CKPT_SAVED = re.compile(r"Saving model checkpoint: (?P<path>\S+)")
+CKPT_STEP = re.compile(r"global_step(\d+)|checkpoint-(\d+)|iter_0*(\d+)|(?:ckpt|step)[_-]?(\d+)")
 CKPT_LOAD = re.compile(
     r"(?:Begin Load checkpoint from|[Ll]oading (?:model )?checkpoint(?: from)?:?)\s+(?P<path>\S+)"
 )
@@ -99,7 +101,7 @@ UNIT_BASES = {"", "MACs", "FLOPS", "flops", "s"}
 
 # every rule needs one of these substrings: lines with none are skipped in one C-level search
 TRIGGER = re.compile(
-    r"step|SamplesPerSec|time \(ms\)|iteration|verflow|OVERFLOW|RECOVERY|ready now|heckpoint|minimum"
+    r"step|SamplesPerSec|time \(ms\)|iteration|verflow|OVERFLOW|RECOVERY|heckpoint|minimum"
     r"|Traceback|emory|ALLOC|imeout|timed out|Flops Profiler|\{'| \| | - "
 )
 SNIFF = (DS_PREFIX, OVERFLOW, MEG_ITER, NANOGPT, FAIRSEQ, HF_DICT, RECOVERY, DS_PIPE, TIMER)
@@ -164,7 +166,7 @@ class _Parser:
     def place_pending_at_end(self) -> None:
         """The log is finished: notices with no later step line belong to the last step seen."""
         for p in self.pending:
-            attrs = {**p["attrs"], "step_placed": "last step before the notice (no later step line)"}
+            attrs = {**p["attrs"], "step_placed": "last step before the notice (no later step line came)"}
             self.events.append(event(self.step, None, "overflow", p["message"], attrs, p["line"]))
             if p["attrs"].get("new_scale") is not None and self.step is not None:
                 self.point("derived/loss_scale", p["attrs"]["new_scale"], self.step)
@@ -376,27 +378,22 @@ class _Parser:
                 )
             )
             return "recovery"
-        if "is ready now" in line and (m := CKPT_SAVED.search(line)):
-            self.events.append(
-                event(
-                    int(m["step"]),
-                    None,
-                    "checkpoint",
-                    line.strip(),
-                    {"tag": f"global_step{m['step']}"},
-                    self.line,
-                )
-            )
+        if "Saving model checkpoint" in line and (m := CKPT_SAVED.search(line)):
+            gs = CKPT_STEP.search(m["path"])
+            step = int(next(g for g in gs.groups() if g)) if gs else self.step
+            self.events.append(event(step, None, "checkpoint", line.strip(), {"path": m["path"]}, self.line))
             return "checkpoint"
         if "heckpoint" in line and (m := CKPT_LOAD.search(line)):
-            gs = re.search(r"global_step(\d+)|checkpoint-(\d+)", m["path"])
-            step = int(gs[1] or gs[2]) if gs else None
+            gs = CKPT_STEP.search(m["path"])
+            step = int(next(g for g in gs.groups() if g)) if gs else None
             self.events.append(event(step, None, "resume", line.strip(), {"path": m["path"]}, self.line))
             return "checkpoint_load"
         if "loss scale already at minimum" in line and MIN_SCALE.search(line):
+            self.place_pending_at_end()  # the run dies inside the step in progress
             self.events.append(event(self.step, None, "min_loss_scale", line.strip(), {}, self.line))
             return "min_loss_scale"
         if line.startswith(TRACEBACK):
+            self.place_pending_at_end()
             self.last_crash = event(self.step, None, "crash", "Traceback", {}, self.line)
             self.events.append(self.last_crash)
             return "crash"

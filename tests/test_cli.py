@@ -130,7 +130,24 @@ def test_exit_codes(tmp_path):
     assert nostore.returncode == 1 and "workbench ingest" in nostore.stderr
 
 
-@pytest.mark.parametrize("cmd", ["ingest", "sql", "runs", "tags"])
+@pytest.mark.parametrize("cmd", ["ingest", "sql", "runs", "tags", "label"])
 def test_every_command_has_help_with_an_example(cmd, tmp_path):
     p = wb(cmd, "--help", store=tmp_path)
     assert "Example:" in p.stdout and "workbench " in p.stdout.split("Example:")[1]
+
+
+def test_label_command_overrides_and_is_reported(tmp_path):
+    store = tmp_path / "s"
+    wb("ingest", GEN / "tbx_run", store=store)
+    assert (
+        wb(
+            "label", "run_a", "--outcome", "failed", "--onset", "120", "--kind", "loss_spike", store=store
+        ).stdout
+        == ""
+    )
+    rows = wb(
+        "sql", "SELECT run_id, outcome, onset, kind, source FROM labels", "--format", "csv", store=store
+    ).stdout
+    assert rows.splitlines()[1] == "run_a,failed,120,loss_spike,manual"
+    bad = wb("label", "nope", "--outcome", "failed", store=store, check=False)
+    assert bad.returncode == 2 and "workbench runs" in bad.stderr

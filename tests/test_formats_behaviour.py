@@ -182,3 +182,22 @@ def test_events_from_text(store, tmp_path):
     assert status[0] == "diverged" and "minimum" in status[1]
     mom = q(store, "SELECT value FROM scalars WHERE tag = 'mom'")["value"].to_list()
     assert mom == [0.9]
+
+
+def test_auto_labels_from_evidence_and_manual_override(store, tmp_path):
+    tbx_scalars(
+        tmp_path / "r/nan_run", {"train/loss": [(0, 2.0), (1, 1.5), (2, float("nan")), (3, float("nan"))]}
+    )
+    tbx_scalars(tmp_path / "r/fine", {"train/loss": [(0, 2.0), (1, 1.5)]})
+    tbx_scalars(tmp_path / "r/labelled", {"train/loss": [(0, 2.0), (1, float("inf"))]})
+    (tmp_path / "r/labels.toml").write_text(
+        '[runs."labelled"]\noutcome = "healthy"\nnote = "inf was a logging bug"\n'
+        '[runs."broken"]\noutcome = "maybe"\n'
+    )
+    r = ingest_paths(store, tmp_path / "r")
+    assert [p.kind for _, p in r.problems] == ["bad_label"]
+    labels = q(store, "SELECT run_id, outcome, onset, kind, source FROM labels ORDER BY run_id").rows()
+    assert labels == [
+        ("labelled", "healthy", None, None, "manual"),
+        ("nan_run", "failed", 2, "divergence_nan", "auto"),
+    ]

@@ -160,6 +160,47 @@ def tags(run, store, fmt):
     _print_query(s, q, fmt)
 
 
+@main.command()
+@click.argument("run")
+@click.option("--outcome", type=click.Choice(["failed", "healthy", "unknown"]), required=True)
+@click.option("--onset", type=int, default=None, help="Step where the failure starts (failed runs).")
+@click.option("--kind", default=None, help="What failed, e.g. divergence_nan, loss_spike, plateau.")
+@click.option("--note", default=None)
+@_store_option
+def label(run, outcome, onset, kind, note, store):
+    """Label RUN by hand. It overrides labels.toml and evidence-based (auto) labels.
+
+    \b
+    Example:
+      workbench label exp1 --outcome failed --onset 424 --kind divergence_nan
+      workbench sql "SELECT * FROM labels"
+    """
+    from workbench.store import CLI_LABEL_ORIGIN
+
+    s = Store(store)
+    lit = "'" + run.replace("'", "''") + "'"
+    try:
+        known = s.connect().execute(f"SELECT count(*) FROM runs WHERE run_id = {lit}").fetchone()[0]
+    except StoreError as e:
+        _fail(str(e))
+    if not known:
+        _fail(f"no run {run!r} in {s.root}; list them with: workbench runs")
+    if outcome == "failed" and onset is None:
+        err.print("note: a failed run without --onset is counted, but gives no lead time", highlight=False)
+    try:
+        with s.writer() as w:
+            w.set_labels(
+                CLI_LABEL_ORIGIN,
+                [{"run_id": run, "outcome": outcome, "onset": onset, "kind": kind, "note": note}],
+            )
+            w.commit()
+    except StoreError as e:
+        _fail(str(e))
+    err.print(
+        f"labelled {run}: {outcome}" + (f" at step {onset}" if onset is not None else ""), highlight=False
+    )
+
+
 def _print_query(store: Store, query: str, fmt: str) -> None:
     from workbench.query import QueryError, run_query
 

@@ -97,6 +97,17 @@ CHECKPOINTS = {
     "metadata": pl.String,  # JSON: trainer_state fields, DeepSpeed `latest`, torch metadata (sha256, parent, ...)
 }
 
+# Manual labels (labels.toml files, `workbench label`); auto labels are derived in the view.
+LABELS = {
+    "run_id": pl.String,
+    "outcome": pl.String,  # failed | healthy | unknown
+    "onset": pl.Int64,
+    "kind": pl.String,
+    "note": pl.String,
+    "origin": pl.String,  # the labels.toml it came from, or "workbench label"
+}
+OUTCOMES = ("failed", "healthy", "unknown")
+
 ROOTS = {"root": pl.String}
 
 META_TABLES = {
@@ -108,6 +119,7 @@ META_TABLES = {
     "run_config": RUN_CONFIG,
     "roots": ROOTS,
     "checkpoints": CHECKPOINTS,
+    "labels": LABELS,
 }
 
 

@@ -46,6 +46,7 @@ from workbench import aliases, schema
 from workbench.points import Points, order_and_supersede
 
 DEFAULT_STORE = ".workbench"
+CLI_LABEL_ORIGIN = "workbench label"
 MARKER = "WORKBENCH_STORE"  # marks a folder as a store, so ingest never reads a store's own files
 
 
@@ -318,6 +319,15 @@ class StoreWriter:
         self._new["files"] = [d.filter(pl.col("path") != row["path"]) for d in self._new["files"]]
         self.add("files", [row])
 
+    def set_labels(self, origin: str, rows: list[dict]) -> None:
+        """Replace the labels that came from `origin` (a labels.toml, or the CLI for one run)."""
+        keep = pl.col("origin") != origin
+        if origin == CLI_LABEL_ORIGIN:
+            keep = keep | ~pl.col("run_id").is_in([r["run_id"] for r in rows])
+        self.tables["labels"] = self.tables["labels"].filter(keep)
+        self._new["labels"] = [d.filter(keep) for d in self._new["labels"]]
+        self.add("labels", [{**r, "origin": origin} for r in rows])
+
     def set_checkpoints(self, folder: str, rows: list[dict]) -> None:
         """Replace what is known of the checkpoints in `folder` (they come and go with rotation)."""
         inside = pl.col("path").str.starts_with(folder.rstrip("/") + "/") | (pl.col("path") == folder)
@@ -507,6 +517,23 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         "CREATE OR REPLACE VIEW checkpoints AS SELECT run_id, step, path, kind, to_timestamp(wall_time) AS wall_time, "
         "size, files, metadata FROM _checkpoints",
         f"CREATE OR REPLACE VIEW _run_status AS {run_status_sql()}",
+        # manual labels win (the CLI over labels.toml); evidence gives auto labels to the rest
+        """CREATE OR REPLACE VIEW _auto_labels AS
+           WITH nf AS (SELECT p.run_id, min(p.step) AS onset FROM _parts p JOIN _tag_metric m USING (tag)
+                       WHERE m.metric = 'loss' AND NOT isfinite(p.value) GROUP BY p.run_id),
+                ev AS (SELECT run_id, kind, min(step) AS onset FROM _events
+                       WHERE kind IN ('min_loss_scale', 'crash', 'oom') GROUP BY ALL)
+           SELECT run_id, 'failed' AS outcome, onset, kind FROM (
+               SELECT run_id, onset, 'divergence_nan' AS kind, 1 AS pref FROM nf
+               UNION ALL SELECT run_id, onset, CASE kind WHEN 'min_loss_scale' THEN 'fp16_overflow' ELSE kind END, 2
+               FROM ev)
+           QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY pref, onset NULLS LAST) = 1""",
+        """CREATE OR REPLACE VIEW labels AS
+           SELECT run_id, outcome, onset, kind, 'manual' AS source, note, origin FROM _labels
+           QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY origin = 'workbench label' DESC) = 1
+           UNION ALL
+           SELECT a.run_id, a.outcome, a.onset, a.kind, 'auto', 'from evidence in the logs', NULL
+           FROM _auto_labels a WHERE a.run_id NOT IN (SELECT run_id FROM _labels)""",
         """CREATE OR REPLACE VIEW runs AS
            WITH pts AS (
                SELECT c.run_id, sum(ct.points) AS points, count(DISTINCT ct.tag) AS tags,

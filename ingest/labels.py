@@ -1,0 +1,58 @@
+"""`labels.toml` at the root of an ingested tree: the user's word on how each run ended.
+
+    [runs."group/run_a"]
+    outcome = "failed"        # failed | healthy | unknown (required)
+    onset = 424               # the step where the failure starts (failed runs)
+    kind = "divergence_nan"   # optional
+    note = "lr too high"      # optional
+
+Runs are named by their folder relative to the file (as run ids are named relative to PATH).
+A malformed entry is reported with what to fix and the rest are still read.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from ingest.base import Problem
+from workbench.schema import OUTCOMES
+
+
+def read_labels_toml(path: Path) -> tuple[list[dict], list[Problem]]:
+    """(rows keyed by folder name relative to the file, problems)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        return [], [Problem(getattr(e, "lineno", 0) or 0, "bad_toml", f"{e}; no labels read from this file")]
+    rows, problems = [], []
+    runs = data.get("runs", {})
+    if not isinstance(runs, dict):
+        return [], [
+            Problem(0, "bad_labels", '[runs] must be a table of runs: [runs."name"] with outcome = ...')
+        ]
+    for name, entry in runs.items():
+        where = f'[runs."{name}"]'
+        if not isinstance(entry, dict) or entry.get("outcome") not in OUTCOMES:
+            problems.append(
+                Problem(
+                    0, "bad_label", f"{where}: outcome must be one of {', '.join(OUTCOMES)}; entry skipped"
+                )
+            )
+            continue
+        onset = entry.get("onset")
+        if onset is not None and (not isinstance(onset, int) or isinstance(onset, bool)):
+            problems.append(
+                Problem(0, "bad_label", f"{where}: onset must be a step number, got {onset!r}; entry skipped")
+            )
+            continue
+        rows.append(
+            {
+                "folder": name,
+                "outcome": entry["outcome"],
+                "onset": onset,
+                "kind": entry.get("kind"),
+                "note": entry.get("note"),
+            }
+        )
+    return rows, problems

@@ -1,0 +1,594 @@
+"""Regenerate sample_runs/: real training runs of a tiny transformer, with real writers.
+
+    pip install -r sample_runs/requirements.txt     # torch 2.13 CPU, transformers, deepspeed
+    python sample_runs/generate.py                  # all runs, then labels.toml and README.md
+    python sample_runs/generate.py --only overfit   # one run
+
+Every failure is produced by a training-time mechanism (a schedule bug, a config change, a
+frozen-and-decaying parameter group, a leak), never painted onto the curves. Labels are then
+decided from each run's own logged evidence by `label_run` (rules in sample_runs/README.md).
+Seeds are fixed; one thread per run. Checkpoint weights are dropped after each run, their
+metadata (step, sha256, size, parent) is kept beside where they were.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+STEPS = 400
+
+
+@dataclass
+class Spec:
+    name: str
+    kind: str  # "healthy" or the failure it demonstrates
+    story: str
+    seed: int = 0
+    steps: int = STEPS
+    lr: float = 3e-3
+    d_model: int = 32
+    train_size: int = 4096
+    eval_every: int = 25
+    clip: float = 1.0
+    weight_decay: float = 0.01
+    writers: tuple[str, ...] = ("tb",)
+    bugs: dict = field(default_factory=dict)
+    trainer: str = "loop"  # loop | hf | deepspeed
+
+
+SPECS = [
+    Spec("healthy_seed0", "healthy", "a healthy run", seed=0, writers=("tb", "jsonl")),
+    Spec(
+        "healthy_seed1_wide", "healthy", "a healthy run, wider model, lower lr", seed=1, d_model=48, lr=2e-3
+    ),
+    Spec("healthy_hf_trainer", "healthy", "a healthy run under the HF Trainer", seed=2, trainer="hf"),
+    Spec(
+        "healthy_deepspeed_fp16",
+        "healthy",
+        "a healthy DeepSpeed fp16 ZeRO-1 run",
+        seed=3,
+        trainer="deepspeed",
+    ),
+    Spec(
+        "diverge_nan",
+        "divergence_nan",
+        "lr schedule bug: lr grows 25 %/step from step 120 until the loss is NaN",
+        seed=5,
+        clip=0.0,
+        writers=("tb", "jsonl"),
+        bugs={"lr_growth": (120, 1.25)},
+    ),
+    Spec(
+        "spike_recovers",
+        "loss_spike",
+        "lr x40 for 5 steps at step 150 (a scheduler glitch); the loss spikes and recovers",
+        seed=6,
+        writers=("tb", "text"),
+        bugs={"lr_burst": (150, 155, 40.0)},
+    ),
+    Spec(
+        "spike_no_recovery",
+        "loss_spike_unrecovered",
+        "lr x400 from step 150 on; the loss spikes and never comes back",
+        seed=7,
+        writers=("tb", "text"),
+        bugs={"lr_burst": (150, STEPS, 400.0)},
+    ),
+    Spec(
+        "attention_collapse",
+        "attention_collapse",
+        "at step 150 the attention temperature goes to 60 and the output "
+        "path is frozen and decays: attention entropy collapses, gradients vanish (P1)",
+        seed=8,
+        writers=("tb", "jsonl"),
+        bugs={"attn_temperature": (150, 60.0), "freeze_decay": (150, "output", 0.85)},
+    ),
+    Spec(
+        "representation_collapse",
+        "dead_ffn",
+        "at step 150 the embeddings are frozen and decay: every token reaches "
+        "the FFNs as the same vector (P2)",
+        seed=9,
+        bugs={"freeze_decay": (150, "embeddings", 0.8)},
+    ),
+    Spec(
+        "overfit",
+        "overfitting",
+        "16 training sequences, no weight decay: eval loss turns up while train loss falls",
+        seed=10,
+        train_size=16,
+        steps=600,
+        eval_every=20,
+        weight_decay=0.0,
+        writers=("tb", "jsonl"),
+    ),
+    Spec(
+        "fp16_overflow_storm",
+        "fp16_overflow",
+        "DeepSpeed fp16 ZeRO-1; lr x1e4 from step 60 until the loss scale "
+        "reaches its minimum and DeepSpeed exits",
+        seed=11,
+        trainer="deepspeed",
+        bugs={"lr_burst": (60, STEPS, 1e4)},
+    ),
+    Spec(
+        "plateau",
+        "plateau",
+        "lr decays 4 %/step from step 40 (a scheduler misconfiguration): the loss stalls high",
+        seed=12,
+        bugs={"lr_decay": (40, 0.96)},
+    ),
+    Spec(
+        "memory_jump",
+        "memory_blowup",
+        "at step 200 a 3.5 GB activation cache leaks while the output path is frozen "
+        "and decays: memory jumps as gradients vanish (P4)",
+        seed=13,
+        bugs={"leak_gb": (200, 3.5), "freeze_decay": (200, "output", 0.85)},
+    ),
+    Spec(
+        "resumed_after_kill",
+        "healthy",
+        "killed (no clean exit) at step 230, resumed in the same folder from the "
+        "step-200 checkpoint by a second writer",
+        seed=14,
+        writers=("tb", "text"),
+        bugs={"kill_at": 230},
+    ),
+]
+RECOVERY = Spec(
+    "attention_collapse_recovery",
+    "healthy",
+    "restart of attention_collapse from its step-100 checkpoint "
+    "with lr x0.8, warmup +0.01, weight decay x1.2, clip x0.7 (the guides' P1 action); ends healthy",
+    seed=8,
+    lr=3e-3 * 0.8,
+    weight_decay=0.012,
+    clip=0.7,
+    writers=("tb", "jsonl"),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+def lr_at(spec: Spec, step: int) -> float:
+    """Warm-up 20 steps, cosine to 10 %, then the run's schedule bugs."""
+    base = spec.lr * min(1.0, (step + 1) / 20) * (0.55 + 0.45 * math.cos(math.pi * step / spec.steps))
+    b = spec.bugs
+    if "lr_growth" in b and step >= b["lr_growth"][0]:
+        base *= b["lr_growth"][1] ** (step - b["lr_growth"][0])
+    if "lr_burst" in b and b["lr_burst"][0] <= step < b["lr_burst"][1]:
+        base *= b["lr_burst"][2]
+    if "lr_decay" in b and step >= b["lr_decay"][0]:
+        base *= b["lr_decay"][1] ** (step - b["lr_decay"][0])
+    return base
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def rss_gb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+
+
+class Loggers:
+    """The writers a run uses: torch SummaryWriter, a JSONL file, a key:value stdout log."""
+
+    def __init__(self, run: Path, writers: tuple[str, ...], text_name: str = "stdout.log"):
+        self.tb = self.jsonl = self.text = None
+        if "tb" in writers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run / "tb"))
+        if "jsonl" in writers:
+            self.jsonl = open(run / "metrics.jsonl", "a")  # noqa: SIM115
+        if "text" in writers:
+            self.text = open(run / text_name, "a")  # noqa: SIM115
+
+    def log(self, step: int, total: int, metrics: dict[str, float]) -> None:
+        if self.tb:
+            for k, v in metrics.items():
+                self.tb.add_scalar(k, v, step)
+        if self.jsonl:
+            self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self.text and "train/loss" in metrics:
+            self.text.write(
+                f"step:{step}/{total} train_loss:{metrics['train/loss']:.4f} lr:{metrics['train/lr']:.6g} "
+                f"grad_norm:{metrics['train/grad_norm']:.4g}\n"
+            )
+
+    def say(self, line: str) -> None:
+        if self.text:
+            self.text.write(line + "\n")
+            self.text.flush()
+
+    def close(self, clean: bool = True) -> None:
+        for w in (self.tb, self.jsonl, self.text):
+            if w is not None:
+                w.flush()
+                w.close()
+
+
+def save_checkpoint(model, opt, run: Path, spec: Spec, step: int, parent: dict | None = None) -> Path:
+    import torch
+
+    folder = run / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"ckpt_{step}.pt"
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, path)
+    meta = {
+        "step": step,
+        "run": spec.name,
+        "sha256": sha256(path),
+        "size": path.stat().st_size,
+        "saved_at": time.time(),
+        **(parent or {}),
+    }
+    (folder / f"ckpt_{step}.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+def train_loop(
+    spec: Spec,
+    run: Path,
+    resume: tuple[Path, int] | None = None,
+    text_name: str = "stdout.log",
+    parent: dict | None = None,
+) -> None:
+    """Plain PyTorch training with the guides' instrumentation."""
+    import torch
+    from model import TinyLM, layer_grad_norms, make_language, sample_sequences
+
+    torch.manual_seed(spec.seed)
+    chain = make_language(1234)
+    train = sample_sequences(chain, spec.train_size, seed=spec.seed)
+    evalset = sample_sequences(chain, 256, seed=999)
+    model = TinyLM(d=spec.d_model)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+    start = 0
+    logs = Loggers(run, spec.writers, text_name)
+    if resume:
+        state = torch.load(resume[0])
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = resume[1]
+        logs.say(f"Loading checkpoint from {resume[0].relative_to(run.parent)}")
+    g = torch.Generator().manual_seed(spec.seed * 1000 + start)
+    leak = []
+    frozen: list = []
+    b = spec.bugs
+    for step in range(start, spec.steps):
+        if b.get("kill_at") == step and not resume:
+            logs.close()
+            return  # the process is gone: no final save, no summary
+        if "attn_temperature" in b and step == b["attn_temperature"][0]:
+            for blk in model.blocks:
+                blk.attn_temperature = b["attn_temperature"][1]
+        if "freeze_decay" in b and step == b["freeze_decay"][0]:
+            group = b["freeze_decay"][1]
+            frozen = (
+                [model.ln_f.weight, model.head.weight]
+                if group == "output"
+                else [model.tok.weight, model.pos.weight]
+            )
+            for p in frozen:
+                p.requires_grad_(False)
+        if "leak_gb" in b and step == b["leak_gb"][0]:
+            leak.append(torch.ones(int(b["leak_gb"][1] * 1e9 / 4)))
+        for grp in opt.param_groups:
+            grp["lr"] = lr_at(spec, step)
+        t0 = time.perf_counter()
+        batch = train[torch.randint(0, len(train), (16,), generator=g)]
+        out = model(batch[:, :-1], batch[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        out["loss"].backward()
+        params = [p for p in model.parameters() if p.grad is not None]
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_(params, spec.clip if spec.clip > 0 else float("inf"))
+        )
+        layer_norms = layer_grad_norms(model)
+        opt.step()
+        with torch.no_grad():
+            for p in frozen:
+                p.mul_(b["freeze_decay"][2])
+        dt = time.perf_counter() - t0
+        metrics = {
+            "train/loss": float(out["loss"].detach()),
+            "train/lr": lr_at(spec, step),
+            "train/grad_norm": grad_norm,
+            **layer_norms,
+            **model.stats,
+            "throughput/tokens_per_sec": batch[:, :-1].numel() / dt,
+            "memory/rss_gb": rss_gb(),
+        }
+        if step % spec.eval_every == 0 or step == spec.steps - 1:
+            with torch.no_grad():
+                ev = model(evalset[:, :-1], evalset[:, 1:])
+            metrics["eval/loss"] = float(ev["loss"])
+        logs.log(step, spec.steps, metrics)
+        if step % 50 == 0 and step > start:
+            save_checkpoint(model, opt, run, spec, step, parent)
+        if not math.isfinite(metrics["train/loss"]) and not hasattr(spec, "_nan_seen"):
+            spec._nan_seen = step  # a watchdog stops the job 20 steps after the first NaN
+        if getattr(spec, "_nan_seen", None) is not None and step >= spec._nan_seen + 20:
+            logs.say(f"watchdog: loss is NaN since step {spec._nan_seen}; stopping")
+            break
+    logs.close()
+
+
+def run_resumed_after_kill(spec: Spec, run: Path) -> None:
+    train_loop(spec, run)  # killed at step 230
+    time.sleep(1.1)  # a new writer: a later file name and wall time, as after a real restart
+    train_loop(spec, run, resume=(run / "checkpoints/ckpt_200.pt", 200), text_name="resume.stdout.log")
+
+
+def run_recovery(parent_run: Path, run: Path) -> None:
+    """The guides' auto-recovery: roll back to the last checkpoint before the alarm, change hparams."""
+    src = parent_run / "checkpoints/ckpt_100.pt"
+    changes = {
+        "lr": RECOVERY.lr,
+        "warmup": 0.01,
+        "weight_decay": RECOVERY.weight_decay,
+        "clip": RECOVERY.clip,
+    }
+    alarm_step = first_step(parent_run / "metrics.jsonl", lambda r: r.get("attn_entropy", 9) < 0.3)
+    (run / "recovery.log").write_text(f"[{alarm_step}] RECOVERY TRIGGERED: P1 - {changes}\n")
+    train_loop(
+        RECOVERY,
+        run,
+        resume=(src, 100),
+        parent={
+            "parent_run": parent_run.name,
+            "parent_step": 100,
+            "parent_sha256": json.loads(src.with_suffix(".json").read_text())["sha256"],
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+def run_hf(spec: Spec, run: Path) -> None:
+    """The HF Trainer on the same model: trainer_state.json, checkpoint-N/, runs/<stamp>/."""
+    import torch
+    from model import TinyLM, make_language, sample_sequences
+    from transformers import Trainer, TrainingArguments
+
+    torch.manual_seed(spec.seed)
+    chain = make_language(1234)
+
+    class Seqs(torch.utils.data.Dataset):
+        def __init__(self, data):
+            self.data = data
+
+        def __len__(self):
+            return len(self.data)
+
+        def __getitem__(self, i):
+            return {"input_ids": self.data[i, :-1], "labels": self.data[i, 1:]}
+
+    args = TrainingArguments(
+        output_dir=str(run),
+        max_steps=spec.steps,
+        per_device_train_batch_size=16,
+        learning_rate=spec.lr,
+        weight_decay=spec.weight_decay,
+        warmup_steps=20,
+        lr_scheduler_type="cosine",
+        logging_steps=5,
+        eval_strategy="steps",
+        eval_steps=spec.eval_every,
+        save_steps=100,
+        save_total_limit=2,
+        report_to=["tensorboard"],
+        seed=spec.seed,
+        use_cpu=True,
+        dataloader_num_workers=0,
+        max_grad_norm=spec.clip,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=TinyLM(d=spec.d_model),
+        args=args,
+        train_dataset=Seqs(sample_sequences(chain, spec.train_size, spec.seed)),
+        eval_dataset=Seqs(sample_sequences(chain, 256, 999)),
+    )
+    trainer.train()
+    trainer.save_state()
+    trainer.save_metrics("train", trainer.state.log_history[-1])
+
+
+# ---------------------------------------------------------------------------------------------
+DS_CONFIG = {
+    "train_batch_size": 16,
+    "train_micro_batch_size_per_gpu": 16,
+    "steps_per_print": 10,
+    "gradient_clipping": 1.0,
+    "fp16": {
+        "enabled": True,
+        "initial_scale_power": 16,
+        "loss_scale_window": 50,
+        "hysteresis": 2,
+        "min_loss_scale": 1,
+    },
+    "zero_optimization": {"stage": 1},
+    "csv_monitor": {"enabled": True, "output_path": "monitor_csv", "job_name": "job"},
+    "tensorboard": {"enabled": True, "output_path": "monitor_tb", "job_name": "job"},
+    "log_level": "info",
+}
+
+
+def run_deepspeed(spec: Spec, run: Path) -> None:
+    """DeepSpeed in its own process (its console output is the log), single-process on the CPU."""
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(29500 + spec.seed),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+    with open(run / "stdout.log", "w") as out:
+        subprocess.run(
+            [sys.executable, __file__, "--deepspeed-worker", spec.name],
+            cwd=run,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+
+
+def deepspeed_worker(name: str) -> None:
+    import deepspeed
+    import torch
+    from deepspeed.accelerator import get_accelerator
+    from model import TinyLM, make_language, sample_sequences
+
+    # the CPU accelerator reports fp16 unsupported; its kernels run fp16 fine for this model
+    get_accelerator().is_fp16_supported = lambda: True
+    spec = next(s for s in SPECS if s.name == name)
+    torch.manual_seed(spec.seed)
+    Path("ds_config.json").write_text(json.dumps(DS_CONFIG, indent=2))
+
+    class LossOnly(torch.nn.Module):
+        """DeepSpeed's monitor records the forward's return value when it is the loss tensor."""
+
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, x, y):
+            return self.lm(x, y)["loss"]
+
+    lm = TinyLM(d=spec.d_model)
+    opt = torch.optim.AdamW(lm.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+    engine, opt, _, _ = deepspeed.initialize(model=LossOnly(lm), optimizer=opt, config=DS_CONFIG)
+    chain = make_language(1234)
+    train = sample_sequences(chain, spec.train_size, seed=spec.seed)
+    g = torch.Generator().manual_seed(spec.seed)
+    logs = Loggers(Path("."), ("jsonl",))
+    for step in range(spec.steps):
+        for grp in opt.param_groups:
+            grp["lr"] = lr_at(spec, step)
+        batch = train[torch.randint(0, len(train), (16,), generator=g)]
+        loss = engine(batch[:, :-1], batch[:, 1:])
+        engine.backward(loss)
+        engine.step()
+        grad_norm = engine.get_global_grad_norm()
+        logs.log(
+            engine.global_steps,
+            spec.steps,
+            {  # DeepSpeed's own step numbering (1-based)
+                "train/loss": float(loss.detach().float()),
+                "train/lr": lr_at(spec, step),
+                "train/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+                "train/loss_scale": float(
+                    getattr(opt, "cur_scale", getattr(opt, "loss_scale", float("nan")))
+                ),
+                **lm.stats,
+                "memory/rss_gb": rss_gb(),
+            },
+        )
+        logs.jsonl.flush()
+        if (
+            engine.global_steps % 50 == 0
+            and engine.global_steps > 0
+            and engine.is_gradient_accumulation_boundary()
+        ):
+            engine.save_checkpoint("ckpt")
+
+
+# ---------------------------------------------------------------------------------------------
+def first_step(jsonl: Path, pred) -> int | None:
+    for line in jsonl.read_text().splitlines():
+        rec = json.loads(line)
+        with contextlib.suppress(TypeError, KeyError):
+            if pred(rec):
+                return rec["step"]
+    return None
+
+
+def drop_weights(run: Path) -> None:
+    """Keep the corpus small: weights go, their metadata (with sha256) stays."""
+    for p in list(run.rglob("*")):
+        if p.is_file() and p.suffix in (".pt", ".pth", ".safetensors", ".bin") and "tb" not in p.parts:
+            meta = (
+                p.with_name(p.name + ".meta.json")
+                if p.suffix != ".pt" or p.parent.name != "checkpoints"
+                else None
+            )
+            if meta is not None:
+                meta.write_text(
+                    json.dumps(
+                        {"file": p.name, "sha256": sha256(p), "size": p.stat().st_size}, sort_keys=True
+                    )
+                )
+            p.unlink()
+
+
+def generate(spec: Spec, out: Path) -> None:
+    run = out / spec.name
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True)
+    t0 = time.time()
+    if spec.trainer == "hf":
+        run_hf(spec, run)
+    elif spec.trainer == "deepspeed":
+        run_deepspeed(spec, run)
+    elif spec.name == "resumed_after_kill":
+        run_resumed_after_kill(spec, run)
+    else:
+        train_loop(spec, run)
+    print(f"{spec.name}: {time.time() - t0:.0f}s", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", help="run names to regenerate (default: all)")
+    ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument("--deepspeed-worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.deepspeed_worker:
+        deepspeed_worker(args.deepspeed_worker)
+        return
+    import torch
+
+    torch.set_num_threads(1)
+    t0 = time.time()
+    names = set(args.only or [s.name for s in SPECS] + [RECOVERY.name])
+    for spec in SPECS:
+        if spec.name in names:
+            generate(spec, args.out)
+    if RECOVERY.name in names:
+        run = args.out / RECOVERY.name
+        shutil.rmtree(run, ignore_errors=True)
+        run.mkdir(parents=True)
+        run_recovery(args.out / "attention_collapse", run)
+    for spec in [*SPECS, RECOVERY]:
+        if (args.out / spec.name).exists():
+            drop_weights(args.out / spec.name)
+    from labels import write_labels_and_readme
+
+    write_labels_and_readme(args.out, [*SPECS, RECOVERY])
+    print(f"done in {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

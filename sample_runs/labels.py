@@ -1,0 +1,181 @@
+"""Labels from each run's own evidence, read without the workbench (tbparse, json, csv).
+
+Rules (the onset is the step where the failure starts):
+- divergence_nan: the first step whose train loss is NaN/Inf.
+- loss_spike, loss_spike_unrecovered: the first step after step 50 whose loss exceeds the mean
+  of the 20 steps before it by more than 6 of their standard deviations.
+- attention_collapse, dead_ffn: the divergence point: the first step after step 50 from which
+  the EMA of the loss (alpha 0.1) stays above 1.1 x its minimum so far until the end.
+- memory_blowup: the first step whose RSS is more than 3 GB above the step before.
+- overfitting: the step of the lowest eval loss (it only rises afterwards).
+- plateau: the first step after which the EMA loss improves by less than 0.5 % over the next
+  100 steps, while still above 1.2 x the median final loss of the healthy runs.
+- fp16_overflow: the first skipped step of the final overflow storm: the last unbroken fall of
+  the loss scale in DeepSpeed's monitor CSV (x = samples / train_batch_size = DeepSpeed's global
+  step), plus the hysteresis skip before it that keeps the scale; it ends at the minimum scale.
+A run labelled healthy must show none of the above.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def loss_series(run: Path, tag: str = "train/loss") -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of a tag, newest write of each step (as TensorBoard's loader keeps it)."""
+    from tbparse import SummaryReader
+
+    if (run / "tb").exists():
+        df = SummaryReader(str(run / "tb"), extra_columns={"wall_time"}).scalars
+        df = (
+            df[df["tag"] == tag]
+            .sort_values("wall_time")
+            .drop_duplicates("step", keep="last")
+            .sort_values("step")
+        )
+        return df["step"].to_numpy(), df["value"].to_numpy()
+    state = run / "trainer_state.json"
+    if state.exists():
+        key = {"train/loss": "loss", "eval/loss": "eval_loss"}[tag]
+        hist = [e for e in json.loads(state.read_text())["log_history"] if key in e]
+        return np.array([e["step"] for e in hist]), np.array([e[key] for e in hist], dtype=float)
+    csvs = list(run.glob("monitor_csv/*/Train_Samples_train_loss.csv"))
+    if csvs:
+        rows = [r for r in csv.reader(csvs[0].read_text().splitlines()) if r and r[0] != "step"]
+        return np.array([int(r[0]) // 16 for r in rows]), np.array([float(r[1]) for r in rows])
+    return np.array([]), np.array([])
+
+
+def ema(values: np.ndarray, alpha: float = 0.1) -> np.ndarray:
+    out, last = np.empty_like(values), values[0]
+    for i, v in enumerate(values):
+        last = alpha * v + (1 - alpha) * last
+        out[i] = last
+    return out
+
+
+def onset_for(kind: str, run: Path, healthy_final: float = 1.0) -> int | None:
+    steps, loss = loss_series(run)
+    if kind == "divergence_nan":
+        bad = np.flatnonzero(~np.isfinite(loss))
+        return int(steps[bad[0]]) if len(bad) else None
+    if kind in ("loss_spike", "loss_spike_unrecovered"):
+        for i in range(max(20, int(np.searchsorted(steps, 50))), len(loss)):
+            w = loss[i - 20 : i]
+            if loss[i] > w.mean() + 6 * w.std():
+                return int(steps[i])
+        return None
+    if kind in ("attention_collapse", "dead_ffn"):
+        e = ema(loss)
+        best = np.minimum.accumulate(e)
+        above = e > 1.1 * best
+        for i in range(int(np.searchsorted(steps, 50)), len(e)):
+            if above[i:].all():
+                return int(steps[i])
+        return None
+    if kind == "memory_blowup":
+        s, rss = loss_series(run, "memory/rss_gb")
+        jump = np.flatnonzero(np.diff(rss) > 3.0)
+        return int(s[jump[0] + 1]) if len(jump) else None
+    if kind == "overfitting":
+        s, ev = loss_series(run, "eval/loss")
+        return int(s[int(np.argmin(ev))])
+    if kind == "plateau":
+        e = ema(loss)
+        for i in range(len(e) - 100):
+            if (e[i] - e[i + 100]) / e[i] < 0.005 and e[i] > 1.2 * healthy_final:
+                return int(steps[i])
+        return None
+    if kind == "fp16_overflow":
+        f = next(run.glob("monitor_csv/*/Train_Samples_loss_scale.csv"), None)
+        if f is None:
+            return None
+        rows = [r for r in csv.reader(f.read_text().splitlines()) if r and r[0] != "step"]
+        st = [int(r[0]) // 16 for r in rows]
+        sc = [float(r[1]) for r in rows]
+        i = len(sc) - 1
+        while i > 0 and sc[i - 1] > sc[i]:
+            i -= 1
+        if i > 0 and sc[i - 1] == sc[i]:  # the storm's first skip only spends hysteresis
+            i -= 1
+        return st[i]
+    return None
+
+
+def write_labels_and_readme(out: Path, specs) -> None:
+    lines = [
+        "# Written by sample_runs/generate.py from each run's own evidence; rules in sample_runs/labels.py.",
+        "",
+    ]
+    table = []
+    finals = [
+        v[-1]
+        for v in (
+            loss_series(out / s.name)[1] for s in specs if s.kind == "healthy" and (out / s.name).exists()
+        )
+        if len(v)
+    ]
+    healthy_final = float(np.median([f for f in finals if np.isfinite(f)])) if finals else 1.0
+    for spec in specs:
+        run = out / spec.name
+        if not run.exists():
+            continue
+        if spec.kind == "healthy":
+            outcome, onset = "healthy", None
+        else:
+            onset = onset_for(spec.kind, run, healthy_final)
+            outcome = "failed" if onset is not None else "unknown"
+        lines.append(f'[runs."{spec.name}"]')
+        lines.append(f'outcome = "{outcome}"')
+        if onset is not None:
+            lines.append(f"onset = {onset}")
+        if spec.kind != "healthy":
+            lines.append(f'kind = "{spec.kind}"')
+        lines.append(f"note = {json.dumps(spec.story)}")
+        lines.append("")
+        table.append((spec, outcome, onset))
+    (out / "labels.toml").write_text("\n".join(lines))
+    fire = {
+        "healthy": "nothing (false alarms are counted here)",
+        "divergence_nan": "non_finite; loss spike rules before the NaN",
+        "loss_spike": "loss spike (mean + 3 sigma, llm-foundry, OLMo); the run recovers",
+        "loss_spike_unrecovered": "loss spike rules, then plateau",
+        "attention_collapse": "P1 (grad_norm < 1e-5 and attn_entropy < 0.3 for 5 steps); gradient-flow decay",
+        "dead_ffn": "P2 (ffn_input_std < 0.005 and ln_input_std < 0.05 for 5 steps)",
+        "overfitting": "P3 / overfitting (eval worsens while train improves)",
+        "fp16_overflow": "loss-scale collapse / overflow storm (DeepSpeed OVERFLOW lines)",
+        "plateau": "plateau (ReduceLROnPlateau semantics); the slope predictor",
+        "memory_blowup": "P4 (memory jump > 3 GB while grad_norm -> 0)",
+    }
+    readme = [
+        "# Sample runs",
+        "",
+        "Real training runs of a tiny decoder-only transformer (2 layers, d=32) on a seeded synthetic",
+        "language, logged by real writers: torch `SummaryWriter`, JSON Lines, the HF `Trainer`, and the",
+        "DeepSpeed engine (fp16, ZeRO-1, on the CPU). Labels in `labels.toml` come from each run's own",
+        "evidence (rules: `labels.py`). Regenerate everything with",
+        "",
+        "    pip install -r sample_runs/requirements.txt && python sample_runs/generate.py",
+        "",
+        "(about 1.5 minutes on 2 CPU cores; fixed seeds; each run uses one thread). The tests and the",
+        "README quickstart use the committed files and never need torch.",
+        "",
+        "| run | outcome | onset | what happened | what should fire |",
+        "|---|---|---|---|---|",
+    ]
+    for spec, outcome, onset in table:
+        readme.append(
+            f"| `{spec.name}` | {outcome} | {'' if onset is None else onset} | {spec.story} | "
+            f"{fire.get(spec.kind, '')} |"
+        )
+    readme += [
+        "",
+        "Checkpoint weights were dropped to keep the corpus small; each checkpoint keeps its metadata",
+        "(step, sha256, size, parent run and step for restarts) beside where it was.",
+        "",
+    ]
+    (out / "README.md").write_text("\n".join(readme))
