@@ -29,6 +29,9 @@ BUILTIN: list[tuple[str, str]] = [
         r"((train|training)[/_])?samples[_ -]?per[_ -]?sec(ond)?|throughput|samples/sec(ond)?",
     ),
     ("samples_per_sec", r"(runningavg)?samplespersec"),
+    ("memory_gb", r"memory/rss_gb|memallocated|memory[/_]allocated(_gb)?|mem_gb"),
+    ("attn_entropy", r"attn(_output)?_entropy|attention[/_]entropy"),
+    ("ln_input_std", r"ln_input_std(/layer_0)?"),
 ]
 
 

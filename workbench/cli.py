@@ -201,6 +201,128 @@ def label(run, outcome, onset, kind, note, store):
     )
 
 
+def _load_rules(rules_file):
+    from detectors.rules import RuleFileError, load_rule_file
+
+    if rules_file is None:
+        return None
+    try:
+        return load_rule_file(rules_file)
+    except RuleFileError as e:
+        _fail(str(e), 1)
+
+
+@main.command()
+@click.option(
+    "--rules",
+    "rules_file",
+    default=None,
+    metavar="FILE",
+    help="A TOML rule file (default: the built-ins and the guides' rules).",
+)
+@_format_option
+def rules(rules_file, fmt):
+    """List rules with their conditions and parameters (built-ins and the guides' set, or FILE).
+
+    \b
+    Example:
+      workbench rules
+      workbench rules --rules my_rules.toml --format csv
+    """
+    import json as _json
+
+    import polars as pl
+
+    from workbench.replay import default_rules
+
+    loaded = _load_rules(rules_file) or default_rules()
+    rows = [
+        {
+            "id": r.id,
+            "when": r.when or "(computed in code)",
+            "for_steps": r.for_steps,
+            "cooldown": r.cooldown,
+            "params": _json.dumps(r.params),
+            "sweep": _json.dumps(r.sweep) if r.sweep else "",
+            "description": " ".join((r.description or "").split()),
+        }
+        for r in loaded
+    ]
+    _print_frame(pl.DataFrame(rows), fmt)
+
+
+@main.command()
+@click.option(
+    "--rules",
+    "rules_file",
+    default=None,
+    metavar="FILE",
+    help="A TOML rule file (default: the built-ins and the guides' rules).",
+)
+@click.option(
+    "--runs", "runs_glob", default=None, metavar="GLOB", help="Only runs whose id matches (e.g. 'sweep_*')."
+)
+@_store_option
+def replay(rules_file, runs_glob, store):
+    """Replay rules over stored runs as they would have fired live; store the alerts.
+
+    Each rule runs at its own parameters ([rule.params]); `workbench backtest` also sweeps.
+    The alerts land in the `alerts` view (run_id, rule, tag, step_start, step_fired, step_end,
+    value, message, params, severity).
+
+    \b
+    Example:
+      workbench replay --rules detectors/guides.toml --runs 'exp*'
+      workbench sql "SELECT rule, run_id, step_fired, message FROM alerts ORDER BY step_fired"
+    """
+    import polars as pl
+
+    from workbench.replay import ReplayError, run_replay
+
+    try:
+        result, skipped = run_replay(Store(store), _load_rules(rules_file), runs_glob)
+    except (ReplayError, StoreError) as e:
+        _fail(str(e), 1)
+    by_rule = result.alerts.group_by("rule").agg(
+        alerts=pl.len(), runs_alerted=pl.col("run_id").n_unique(), first_fired=pl.col("step_fired").min()
+    )
+    summary = pl.DataFrame(
+        {"rule": list(result.evaluable), "runs_evaluable": [len(v) for v in result.evaluable.values()]}
+    )
+    summary = summary.join(by_rule, on="rule", how="left").with_columns(
+        pl.col("alerts", "runs_alerted").fill_null(0)
+    )
+    table = Table("rule", "evaluable runs", "alerts", "runs alerted", "first fired at", header_style="bold")
+    for r in summary.iter_rows(named=True):
+        table.add_row(
+            r["rule"],
+            f"{r['runs_evaluable']}/{len(result.runs)}",
+            str(r["alerts"]),
+            str(r["runs_alerted"]),
+            "" if r["first_fired"] is None else str(r["first_fired"]),
+        )
+    err.print(table)
+    for rule_id, why in skipped.items():
+        err.print(f"[dim]not evaluable here:[/] {rule_id}: {why.split(';')[0]}", highlight=False)
+    err.print(
+        f"{result.alerts.height} alerts from {len(result.evaluable)} rules over {len(result.runs)} runs; "
+        'see them with: workbench sql "SELECT * FROM alerts"',
+        highlight=False,
+    )
+
+
+def _print_frame(frame, fmt: str) -> None:
+    if fmt == "json":
+        sys.stdout.write(frame.write_json() + "\n")
+    elif fmt == "csv":
+        sys.stdout.write(frame.write_csv())
+    else:
+        table = Table(*frame.columns, header_style="bold")
+        for row in frame.iter_rows():
+            table.add_row(*["" if v is None else str(v) for v in row])
+        Console(width=None if sys.stdout.isatty() else 100_000).print(table, crop=False)
+
+
 def _print_query(store: Store, query: str, fmt: str) -> None:
     from workbench.query import QueryError, run_query
 

@@ -108,6 +108,20 @@ LABELS = {
 }
 OUTCOMES = ("failed", "healthy", "unknown")
 
+# Alerts of the last replay of each rule over each run (see workbench.replay).
+ALERTS = {
+    "run_id": pl.String,
+    "rule": pl.String,
+    "tag": pl.String,  # the matched tag when the rule has a glob, else empty
+    "step_start": pl.Int64,  # rising edge
+    "step_fired": pl.Int64,  # where for_steps was reached (lead time counts from here)
+    "step_end": pl.Int64,
+    "value": pl.Float64,  # the first metric of the rule at step_fired
+    "message": pl.String,
+    "params": pl.String,  # JSON
+    "severity": pl.String,
+}
+
 ROOTS = {"root": pl.String}
 
 META_TABLES = {
@@ -120,6 +134,7 @@ META_TABLES = {
     "roots": ROOTS,
     "checkpoints": CHECKPOINTS,
     "labels": LABELS,
+    "alerts": ALERTS,
 }
 
 

@@ -96,9 +96,13 @@ class Store:
 
     def read_meta(self, table: str, generation: Path | None = None) -> pl.DataFrame:
         gen = generation or self.current_generation()
-        if gen is None:
+        path = gen / f"{table}.parquet" if gen is not None else None
+        if path is None or not path.exists():  # a store written before this table existed
             return schema.empty(schema.META_TABLES[table])
-        return pl.read_parquet(gen / f"{table}.parquet")
+        df = pl.read_parquet(path)
+        return df.with_columns(
+            [pl.lit(None, t).alias(c) for c, t in schema.META_TABLES[table].items() if c not in df.columns]
+        )
 
     def connect(self) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB connection with the store's views (read-only by construction)."""
@@ -319,6 +323,13 @@ class StoreWriter:
         self._new["files"] = [d.filter(pl.col("path") != row["path"]) for d in self._new["files"]]
         self.add("files", [row])
 
+    def set_alerts(self, rule_ids: list[str], runs: list[str], alerts: pl.DataFrame) -> None:
+        """Replace the alerts of these rules on these runs (a replay's selection)."""
+        keep = ~(pl.col("rule").is_in(rule_ids) & pl.col("run_id").is_in(runs))
+        self.tables["alerts"] = self.tables["alerts"].filter(keep)
+        self._new["alerts"] = [d.filter(keep) for d in self._new["alerts"]]
+        self.add("alerts", alerts)
+
     def set_labels(self, origin: str, rows: list[dict]) -> None:
         """Replace the labels that came from `origin` (a labels.toml, or the CLI for one run)."""
         keep = pl.col("origin") != origin
@@ -428,15 +439,26 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def _table_sql(path: Path) -> str:
-    return f"SELECT * FROM read_parquet({_sql_str(str(path))})"
+def _meta_sql(gen: Path, table: str) -> str:
+    """A generation's table; tables or columns newer than the store read as empty/null."""
+    sch = schema.META_TABLES[table]
+    path = gen / f"{table}.parquet"
+    if not path.exists():
+        return (
+            "SELECT "
+            + ", ".join(f'CAST(NULL AS {_duck_type(t)}) AS "{c}"' for c, t in sch.items())
+            + " WHERE false"
+        )
+    have = set(pl.read_parquet_schema(path))
+    cols = ", ".join(
+        f'"{c}"' if c in have else f'CAST(NULL AS {_duck_type(t)}) AS "{c}"' for c, t in sch.items()
+    )
+    return f"SELECT {cols} FROM read_parquet({_sql_str(str(path))})"
 
 
 def view_statements(root: Path, gen: Path) -> list[str]:
     """CREATE VIEW statements for the documented views over one generation."""
-    stmts = [
-        f"CREATE OR REPLACE VIEW _{t} AS {_table_sql(gen / (t + '.parquet'))}" for t in schema.META_TABLES
-    ]
+    stmts = [f"CREATE OR REPLACE VIEW _{t} AS {_meta_sql(gen, t)}" for t in schema.META_TABLES]
     parts = sorted((root / "scalars").glob("*/c*.parquet")) if (root / "scalars").exists() else []
     if parts:
         glob = _sql_str(str(root / "scalars" / "*" / "c*.parquet"))
@@ -514,6 +536,7 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         "CREATE OR REPLACE VIEW events AS SELECT run_id, step, wall_time, kind, message, attrs, "
         'path AS source_file, "offset" FROM _events',
         "CREATE OR REPLACE VIEW problems AS SELECT * FROM _problems",
+        "CREATE OR REPLACE VIEW alerts AS SELECT * FROM _alerts",
         "CREATE OR REPLACE VIEW checkpoints AS SELECT run_id, step, path, kind, to_timestamp(wall_time) AS wall_time, "
         "size, files, metadata FROM _checkpoints",
         f"CREATE OR REPLACE VIEW _run_status AS {run_status_sql()}",

@@ -1,0 +1,244 @@
+"""The rule language: parsed here into a small AST, never evaluated as Python.
+
+    grad_norm < 1e-5 and attn_entropy < 0.3
+    loss > mean(loss, 100) + 3 * std(loss, 100)
+    `grad_norm/layer_0` / `grad_norm/layer_1` > 1000
+    not (loss < 1e30)                       # true on NaN and Inf: NaN compares false
+
+Precedence, loosest first: `or`, `and`, `not`, comparisons (< <= > >= == !=), `+ -`, `* /`,
+unary minus. Names are canonical metrics (`loss`, `grad_norm`, ...) or tags; a tag with
+characters outside [A-Za-z0-9_.] goes in backticks, and a `*` inside backticks is a glob (one
+evaluation per matching tag). Functions: see FUNCTIONS.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# name -> (argument kinds, what it means); "s" = a series expression, "n" = a number
+FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
+    "mean": (("s", "n"), "mean of the n values before this step"),
+    "std": (("s", "n"), "standard deviation of the n values before this step"),
+    "min": (("s", "n"), "minimum of the n values before this step"),
+    "max": (("s", "n"), "maximum of the n values before this step"),
+    "ema": (
+        ("s", "n"),
+        "EMA of the values before this step, smoothing weight w (0.9 = heavy, as TensorBoard)",
+    ),
+    "slope": (("s", "n"), "least-squares slope per step over the last n values, this one included"),
+    "delta": (("s", "n"), "this value minus the value k logged values earlier"),
+    "pct_change": (("s", "n"), "relative change from the value k logged values earlier"),
+    "max_first": (("s", "n"), "maximum of the series' first n values (known once n are logged)"),
+    "abs": (("s",), "absolute value"),
+}
+
+
+class RuleSyntaxError(ValueError):
+    """A rule text that does not parse; `col` is 1-based."""
+
+    def __init__(self, text: str, col: int, message: str):
+        self.text, self.col, self.message = text, col, message
+        pointer = " " * (col - 1) + "^"
+        super().__init__(f"{message} at column {col}\n  {text}\n  {pointer}")
+
+
+@dataclass(frozen=True)
+class Num:
+    value: float
+
+
+@dataclass(frozen=True)
+class Name:
+    name: str
+    quoted: bool  # written in backticks (a tag, maybe a glob)
+    col: int
+
+    @property
+    def is_glob(self) -> bool:
+        return self.quoted and "*" in self.name
+
+
+@dataclass(frozen=True)
+class Call:
+    fn: str
+    args: tuple
+    col: int
+
+
+@dataclass(frozen=True)
+class Unary:
+    op: str  # "-" or "not"
+    arg: object
+
+
+@dataclass(frozen=True)
+class Binary:
+    op: str
+    left: object
+    right: object
+
+
+TOKEN = re.compile(
+    r"\s*(?:(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)|(?P<tick>`[^`]*`)|(?P<name>[A-Za-z_][A-Za-z0-9_.]*)"
+    r"|(?P<op><=|>=|==|!=|[<>+\-*/(),]))"
+)
+KEYWORDS = {"and", "or", "not"}
+COMPARISONS = {"<", "<=", ">", ">=", "==", "!="}
+BINDING = {"or": 1, "and": 2, **dict.fromkeys(COMPARISONS, 4), "+": 5, "-": 5, "*": 6, "/": 6}
+
+
+def tokenize(text: str) -> list[tuple[str, str, int]]:
+    """(kind, text, 1-based column) tokens, ending with ("end", "", col)."""
+    out, pos = [], 0
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        m = TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            col = pos + len(text[pos:]) - len(text[pos:].lstrip()) + 1
+            ch = text[col - 1]
+            hint = (
+                " (tags with other characters go in backticks: `a/b`)"
+                if ch not in "`"
+                else " (unclosed backtick)"
+            )
+            raise RuleSyntaxError(text, col, f"unexpected character {ch!r}{hint}")
+        kind = m.lastgroup
+        col = m.start(kind) + 1
+        value = m.group(kind)
+        if kind == "name" and value in KEYWORDS:
+            kind = "kw"
+        if kind == "tick" and len(value) == 2:
+            raise RuleSyntaxError(text, col, "empty tag name in backticks")
+        out.append((kind, value, col))
+        pos = m.end()
+    out.append(("end", "", len(text) + 1))
+    return out
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.text = text
+        self.toks = tokenize(text)
+        self.i = 0
+
+    def peek(self):
+        return self.toks[self.i]
+
+    def take(self):
+        tok = self.toks[self.i]
+        self.i += 1
+        return tok
+
+    def fail(self, tok, message: str):
+        raise RuleSyntaxError(self.text, tok[2], message)
+
+    def expect(self, value: str):
+        tok = self.take()
+        if tok[1] != value:
+            self.fail(tok, f"expected {value!r}, found {tok[1] or 'end of rule'!r}")
+        return tok
+
+    def parse(self):
+        if self.peek()[0] == "end":
+            self.fail(self.peek(), "empty rule")
+        node = self.expr(0)
+        if self.peek()[0] != "end":
+            self.fail(self.peek(), f"unexpected {self.peek()[1]!r} (missing 'and'/'or' or an operator?)")
+        return node
+
+    def expr(self, min_bp: int):
+        left = self.prefix()
+        while True:
+            kind, value, _ = self.peek()
+            bp = BINDING.get(value) if kind in ("op", "kw") else None
+            if bp is None or bp <= min_bp:
+                return left
+            op_tok = self.take()
+            if value in COMPARISONS and isinstance(left, Binary) and left.op in COMPARISONS:
+                self.fail(op_tok, "chained comparisons are ambiguous: use 'and'")
+            right = self.expr(bp)
+            left = Binary(value, left, right)
+
+    def prefix(self):
+        tok = self.take()
+        kind, value, col = tok
+        if kind == "num":
+            return Num(float(value))
+        if kind == "kw" and value == "not":
+            return Unary("not", self.expr(3))
+        if kind == "op" and value == "-":
+            return Unary("-", self.expr(6))
+        if kind == "op" and value == "(":
+            node = self.expr(0)
+            self.expect(")")
+            return node
+        if kind == "tick":
+            return Name(value[1:-1], True, col)
+        if kind == "name":
+            if self.peek()[1] == "(":
+                return self.call(value, col)
+            return Name(value, False, col)
+        self.fail(tok, f"expected a number, a metric or '(', found {value or 'end of rule'!r}")
+
+    def call(self, fn: str, col: int):
+        if fn not in FUNCTIONS:
+            raise RuleSyntaxError(
+                self.text, col, f"unknown function {fn!r}; known: {', '.join(sorted(FUNCTIONS))}"
+            )
+        kinds = FUNCTIONS[fn][0]
+        self.expect("(")
+        args = []
+        while True:
+            args.append(self.expr(0))
+            if self.peek()[1] == ",":
+                self.take()
+                continue
+            self.expect(")")
+            break
+        if len(args) != len(kinds):
+            raise RuleSyntaxError(self.text, col, f"{fn}() takes {len(kinds)} arguments, got {len(args)}")
+        for a, k in zip(args, kinds, strict=True):
+            if k == "n" and not isinstance(a, Num | Name):
+                raise RuleSyntaxError(
+                    self.text, col, f"{fn}(): the window/weight must be a number or a parameter"
+                )
+        return Call(fn, tuple(args), col)
+
+
+def parse(text: str):
+    """Parse a rule expression into an AST; raises RuleSyntaxError with the column."""
+    return _Parser(text).parse()
+
+
+def names(node) -> list[Name]:
+    """Every metric/tag reference in the rule, in order."""
+    if isinstance(node, Name):
+        return [node]
+    if isinstance(node, Call):
+        return [n for a in node.args for n in names(a)]
+    if isinstance(node, Unary):
+        return names(node.arg)
+    if isinstance(node, Binary):
+        return names(node.left) + names(node.right)
+    return []
+
+
+def is_boolean(node) -> bool:
+    return (isinstance(node, Binary) and node.op in COMPARISONS | {"and", "or"}) or (
+        isinstance(node, Unary) and node.op == "not"
+    )
+
+
+def substitute(node, params: dict[str, float]):
+    """Replace parameter names (unquoted) by their numbers."""
+    if isinstance(node, Name) and not node.quoted and node.name in params:
+        return Num(float(params[node.name]))
+    if isinstance(node, Call):
+        return Call(node.fn, tuple(substitute(a, params) for a in node.args), node.col)
+    if isinstance(node, Unary):
+        return Unary(node.op, substitute(node.arg, params))
+    if isinstance(node, Binary):
+        return Binary(node.op, substitute(node.left, params), substitute(node.right, params))
+    return node
