@@ -331,26 +331,29 @@ def _flags_excluding(starts, values, window, k, sign):
     return flags
 
 
-def _baseline_excluding_flags(data, metric, window, k, sign):
+def _series_or_fail(data, metric, rule_id):
     from detectors.language import Name
+    from workbench.replay import ReplayError
 
     s = data.series(Name(metric, False, 0))
     if s.is_empty():
-        from workbench.replay import ReplayError
+        raise ReplayError(f"{rule_id}: {metric} found in no selected run; available {data.available()}")
+    return s
 
-        raise ReplayError(f"{metric} found in no selected run; available {data.available()}")
-    s = s.sort("run_id", "key", "step")
-    bounds = (
-        s.with_row_index()
-        .group_by("run_id", "key", maintain_order=True)
-        .agg(pl.col("index").first())["index"]
-    )
-    starts = np.r_[bounds.to_numpy(), len(s)].astype(np.int64)
+
+def _group_starts(s: pl.DataFrame) -> np.ndarray:
+    """Row offsets where each (rid, key) group starts in a frame sorted by rid, key, step, plus the end."""
+    change = (s["rid"].diff().fill_null(1) != 0) | (s["key"].diff().fill_null(1) != 0)
+    return np.r_[np.flatnonzero(change.to_numpy()), len(s)].astype(np.int64)
+
+
+def _baseline_excluding_flags(data, metric, window, k, sign):
+    s = _series_or_fail(data, metric, "sigma spike")
     flags = _flags_excluding(
-        starts, s["value"].to_numpy().astype(np.float64), int(window), float(k), float(sign)
+        _group_starts(s), s["value"].to_numpy().astype(np.float64), int(window), float(k), float(sign)
     )
-    frame = s.select("run_id", "key", "step", cond=pl.Series(flags), _l0="value")
-    return frame, [metric], sorted(s["run_id"].unique().to_list())
+    frame = s.select("rid", "key", "step", cond=pl.Series(flags), _l0="value")
+    return frame, [metric], data.run_ids(s["rid"].unique().to_list())
 
 
 @dataclass(frozen=True)
@@ -366,12 +369,16 @@ class GradientFlow(Detector):
     id = "gradient_flow"
 
     def conditions(self, data):
+        from detectors.language import Name
+        from workbench.replay import ReplayError
+
         t = data._tags.filter(pl.col("tag").str.starts_with(self.layer_prefix))
         t = t.with_columns(
             layer=pl.col("tag").str.slice(len(self.layer_prefix)).str.extract(r"^(\d+)", 1).cast(pl.Int64)
-        ).drop_nulls("layer")
+        )
         ends = (
-            t.group_by("run_id")
+            t.drop_nulls("layer")
+            .group_by("rid")
             .agg(
                 first=pl.col("tag").sort_by("layer").first(),
                 last=pl.col("tag").sort_by("layer").last(),
@@ -380,25 +387,33 @@ class GradientFlow(Detector):
             .filter(pl.col("n") > 1)
         )
         if ends.is_empty():
-            from workbench.replay import ReplayError
-
             raise ReplayError(
                 f"{self.id}: no run logs two or more '{self.layer_prefix}N' tags; available {data.available()}"
             )
-        p = data.points
-        first = p.join(ends.select("run_id", tag="first"), on=["run_id", "tag"]).select(
-            "run_id", "step", f="value"
+
+        def side(col):  # the chosen layer's series in every run
+            parts = [
+                data.series(Name(tag, True, 0)).filter(pl.col("rid").is_in(g["rid"].implode()))
+                for (tag,), g in ends.group_by(col)
+            ]
+            return pl.concat(parts).select("rid", "step", "value")
+
+        j = (
+            side("first")
+            .rename({"value": "f"})
+            .join(side("last").rename({"value": "l"}), on=["rid", "step"])
+            .sort("rid", "step")
         )
-        last = p.join(ends.select("run_id", tag="last"), on=["run_id", "tag"]).select(
-            "run_id", "step", l="value"
-        )
-        j = first.join(last, on=["run_id", "step"]).sort("run_id", "step")
         ratio = pl.col("f") / pl.col("l")
         cond = ((ratio < self.vanish) & (pl.col("f") < self.vanish_abs)) | (ratio > self.explode)
         frame = j.select(
-            "run_id", key=pl.lit(""), step="step", cond=(cond & ~ratio.is_nan()).fill_null(False), _l0=ratio
+            "rid",
+            key=pl.lit(-1, pl.Int32),
+            step="step",
+            cond=(cond & ~ratio.is_nan()).fill_null(False),
+            _l0=ratio,
         )
-        return frame, ["first/last layer grad-norm ratio"], sorted(ends["run_id"].to_list())
+        return frame, ["first/last layer grad-norm ratio"], data.run_ids(ends["rid"].to_list())
 
 
 @dataclass(frozen=True)
@@ -412,17 +427,12 @@ class ClipSaturation(Detector):
     id = "clip_saturation"
 
     def conditions(self, data):
-        from detectors.language import Name
-
-        s = data.series(Name("grad_norm", False, 0))
+        s = _series_or_fail(data, "grad_norm", self.id)
         frac = (
-            (pl.col("value") >= self.max_norm)
-            .cast(pl.Float64)
-            .rolling_mean(self.window)
-            .over("run_id", "key")
+            (pl.col("value") >= self.max_norm).cast(pl.Float64).rolling_mean(self.window).over("rid", "key")
         )
-        frame = s.select("run_id", "key", "step", cond=(frac >= self.share).fill_null(False), _l0=frac)
-        return frame, ["clipped share"], sorted(s["run_id"].unique().to_list())
+        frame = s.select("rid", "key", "step", cond=(frac >= self.share).fill_null(False), _l0=frac)
+        return frame, ["clipped share"], data.run_ids(s["rid"].unique().to_list())
 
 
 @njit(cache=True, nogil=True)
@@ -459,26 +469,15 @@ class Plateau(Detector):
     severity = "info"
 
     def conditions(self, data):
-        from detectors.language import Name
-
-        s = data.series(Name(self.metric, False, 0)).sort("run_id", "key", "step")
-        if s.is_empty():
-            from workbench.replay import ReplayError
-
-            raise ReplayError(
-                f"{self.id}: {self.metric} found in no selected run; available {data.available()}"
-            )
-        bounds = (
-            s.with_row_index()
-            .group_by("run_id", "key", maintain_order=True)
-            .agg(pl.col("index").first())["index"]
-        )
-        starts = np.r_[bounds.to_numpy(), len(s)].astype(np.int64)
+        s = _series_or_fail(data, self.metric, self.id)
         bad = _plateau_counter(
-            starts, s["value"].to_numpy().astype(np.float64), float(self.threshold), bool(self.relative)
+            _group_starts(s),
+            s["value"].to_numpy().astype(np.float64),
+            float(self.threshold),
+            bool(self.relative),
         )
-        frame = s.select("run_id", "key", "step", cond=pl.Series(bad > self.patience), _l0="value")
-        return frame, [self.metric], sorted(s["run_id"].unique().to_list())
+        frame = s.select("rid", "key", "step", cond=pl.Series(bad > self.patience), _l0="value")
+        return frame, [self.metric], data.run_ids(s["rid"].unique().to_list())
 
 
 @dataclass(frozen=True)
@@ -493,39 +492,37 @@ class LossScaleCollapse(Detector):
     severity = "critical"
 
     def conditions(self, data):
-        ev = data.events.filter(pl.col("kind").is_in(["overflow", "min_loss_scale"])).drop_nulls("step")
-        runs = sorted(data.runs)
+        ev = (
+            data.events.filter(pl.col("kind").is_in(["overflow", "min_loss_scale"]))
+            .drop_nulls("step")
+            .join(data.run_codes, on="run_id")
+            .sort("rid", "step")
+            .with_columns(one=pl.lit(1.0))
+        )
+        empty = pl.DataFrame(
+            schema={"rid": pl.Int32, "key": pl.Int32, "step": pl.Int64, "cond": pl.Boolean, "_l0": pl.Float64}
+        )
         if ev.is_empty():
-            frame = pl.DataFrame(
-                schema={
-                    "run_id": pl.String,
-                    "key": pl.String,
-                    "step": pl.Int64,
-                    "cond": pl.Boolean,
-                    "_l0": pl.Float64,
-                }
-            )
-            return frame, ["overflows in window"], runs
-        ev = ev.sort("run_id", "step").with_columns(one=pl.lit(1.0))
-        counts = ev.rolling(index_column="step", period=f"{self.window}i", group_by="run_id").agg(
+            return empty, ["overflows in window"], sorted(data.runs)
+        counts = ev.rolling(index_column="step", period=f"{self.window}i", group_by="rid").agg(
             n=pl.col("one").sum(), fatal=(pl.col("kind") == "min_loss_scale").any()
         )
-        counts = counts.group_by("run_id", "step", maintain_order=True).agg(
+        counts = counts.group_by("rid", "step", maintain_order=True).agg(
             pl.col("n").max(), pl.col("fatal").any()
         )
         hits = counts.select(
-            "run_id",
-            key=pl.lit(""),
+            "rid",
+            key=pl.lit(-1, pl.Int32),
             step="step",
             cond=(pl.col("n") >= self.overflows) | pl.col("fatal"),
             _l0="n",
         )
         # the condition holds at notice steps only: a false step after each keeps distant notices apart
         gaps = hits.select(
-            "run_id", "key", step=pl.col("step") + 1, cond=pl.lit(False), _l0=pl.lit(None, pl.Float64)
+            "rid", "key", step=pl.col("step") + 1, cond=pl.lit(False), _l0=pl.lit(None, pl.Float64)
         )
-        frame = pl.concat([hits, gaps.join(hits, on=["run_id", "step"], how="anti")]).sort("run_id", "step")
-        return frame, ["overflows in window"], runs
+        frame = pl.concat([hits, gaps.join(hits, on=["rid", "step"], how="anti")]).sort("rid", "step")
+        return frame, ["overflows in window"], sorted(data.runs)
 
 
 # ---- the registry (one line per detector) --------------------------------------------------------

@@ -199,6 +199,15 @@ def test_llmfoundry_persistent_spike():
     assert fired(B.LlmFoundrySpike().rule(), d) == [("r", 105, 109, 109)]
 
 
+def fired_before(cut):
+    def pick(alerts):
+        return sorted(
+            (r["step_start"], r["step_fired"]) for r in alerts.iter_rows(named=True) if r["step_fired"] < cut
+        )
+
+    return pick
+
+
 # --- causality ----------------------------------------------------------------------------------
 CAUSAL_RULES = [
     Rule("spike", "x > mean(x, 8) + 2 * std(x, 8)", cooldown=3),
@@ -225,9 +234,7 @@ def test_truncating_a_run_never_changes_what_fired_before_the_cut(x, y, cut, str
             a_part, _ = replay_rule(rule, part)
         except ReplayError:
             continue  # a metric absent from the truncated run
-        before = lambda a: sorted(
-            (r["step_start"], r["step_fired"]) for r in a.iter_rows(named=True) if r["step_fired"] < cut
-        )  # noqa: E731
+        before = fired_before(cut)
         assert before(a_full) == before(a_part), rule.id
 
 

@@ -15,17 +15,18 @@ No Python loop touches individual steps.
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
+from numba import njit
 
 from detectors import language
 from detectors.language import Binary, Call, Name, Num, Unary
 from detectors.rules import Rule
-from workbench import schema
+from workbench import aliases, schema
 
-UNIT = ["run_id", "key"]
+UNIT = ["rid", "key"]  # an evaluation unit: a run, or a run and a tag for glob rules
 ALERT_SCHEMA = schema.ALERTS
 
 
@@ -35,7 +36,11 @@ class ReplayError(ValueError):
 
 @dataclass
 class SeriesData:
-    """The points a replay needs: (run_id, tag, metric, step, value), current points only."""
+    """The points a replay needs: (run_id, tag, metric, step, value), current points only.
+
+    Inside, runs and tags are integer codes (`rid`, `tid`) and points are split by tag once, so
+    that resolving a name, sorting and joining never touch strings.
+    """
 
     points: pl.DataFrame
     events: pl.DataFrame = field(
@@ -46,52 +51,88 @@ class SeriesData:
     runs: list[str] = field(default_factory=list)
 
     def __post_init__(self):
-        self.points = self.points.select(
+        pts = self.points.select(
             pl.col("run_id").cast(pl.String),
             pl.col("tag").cast(pl.String),
             pl.col("metric").cast(pl.String),
             pl.col("step").cast(pl.Int64),
             pl.col("value").cast(pl.Float64),
-        ).sort("run_id", "tag", "step")
+        )
         if not self.runs:
-            self.runs = sorted(self.points["run_id"].unique().to_list())
-        self._tags = self.points.group_by("run_id", "tag", "metric").agg(n=pl.len())
+            self.runs = sorted(pts["run_id"].unique().to_list())
+        # integer codes from a categorical encoding (hashing, no joins over the points)
+        coded = pts.with_columns(
+            rid=pl.col("run_id").cast(pl.Categorical).to_physical().cast(pl.Int32),
+            tid=pl.col("tag").cast(pl.Categorical).to_physical().cast(pl.Int32),
+        )
+        self._tags = coded.group_by("rid", "tid").agg(pl.col("run_id", "tag", "metric").first(), n=pl.len())
+        self._run_code = dict(
+            zip(*self._tags.select("run_id", "rid").unique().to_dict(as_series=False).values(), strict=True)
+        )
+        extra = [r for r in self.runs if r not in self._run_code]  # selected runs with no points
+        base = max(self._run_code.values(), default=-1) + 1
+        self._run_code.update({r: base + i for i, r in enumerate(extra)})
+        self.run_name = {c: r for r, c in self._run_code.items()}
+        self.tag_name = dict(
+            zip(*self._tags.select("tid", "tag").unique().to_dict(as_series=False).values(), strict=True)
+        )
+        self.tag_names = sorted(self.tag_name.values())
+        self._by_tag = {
+            k[0]: v.select("rid", "step", "value").sort("rid", "step")
+            for k, v in coded.select("rid", "tid", "step", "value").partition_by("tid", as_dict=True).items()
+        }
+        self.points = pts
         self._cache: dict = {}
 
+    @property
+    def run_codes(self) -> pl.DataFrame:
+        return pl.DataFrame(
+            {"run_id": list(self._run_code), "rid": list(self._run_code.values())},
+            schema={"run_id": pl.String, "rid": pl.Int32},
+        )
+
     def resolve(self, name: Name) -> pl.DataFrame:
-        """(run_id, tag, key) rows: which tag stands for `name` in each run (key = tag for globs)."""
+        """(rid, tid, key) rows: which tag stands for `name` in each run (key = tid for globs, else -1)."""
         t = self._tags
         if name.is_glob:
-            regex = "^" + fnmatch.translate(name.name).removeprefix("(?s:").removesuffix(")\\Z") + "$"
-            hit = t.filter(pl.col("tag").str.contains(regex))
-            return hit.select("run_id", "tag", key=pl.col("tag")).unique().sort("run_id", "tag")
+            hit = t.filter(pl.col("tag").str.contains("^" + aliases.glob_regex(name.name) + "$"))
+            return hit.select("rid", "tid", key=pl.col("tid")).unique().sort("rid", "tid")
         if name.quoted:
             hit = t.filter(pl.col("tag") == name.name)
         else:  # a canonical metric, else a tag; per run prefer the tag spelled like the name, then the longest
             hit = t.filter((pl.col("metric") == name.name) | (pl.col("tag") == name.name))
             hit = (
                 hit.sort(pl.col("tag") != name.name, -pl.col("n").cast(pl.Int64), "tag")
-                .group_by("run_id", maintain_order=True)
+                .group_by("rid", maintain_order=True)
                 .first()
             )
-        return hit.select("run_id", "tag", key=pl.lit("")).unique().sort("run_id")
+        return hit.select("rid", "tid", key=pl.lit(-1, pl.Int32)).unique().sort("rid")
 
     def series(self, name: Name) -> pl.DataFrame:
-        """(run_id, key, step, value) of a name, sorted."""
+        """(rid, key, step, value) of a name, sorted."""
         ck = ("series", name.name, name.quoted)
         if ck not in self._cache:
-            r = self.resolve(name)
+            parts = []
+            for (tid, key), group in self.resolve(name).group_by("tid", "key", maintain_order=True):
+                frame = self._by_tag[tid]
+                rids = group["rid"]
+                if len(rids) < frame["rid"].n_unique():
+                    frame = frame.filter(pl.col("rid").is_in(rids.implode()))
+                parts.append(frame.with_columns(key=pl.lit(key, pl.Int32)))
+            empty = pl.DataFrame(
+                schema={"rid": pl.Int32, "key": pl.Int32, "step": pl.Int64, "value": pl.Float64}
+            )
             self._cache[ck] = (
-                self.points.join(r, on=["run_id", "tag"], how="inner")
-                .select(*UNIT, "step", "value")
-                .sort(*UNIT, "step")
+                pl.concat(parts).select(*UNIT, "step", "value").sort(*UNIT, "step") if parts else empty
             )
         return self._cache[ck]
 
+    def run_ids(self, rids) -> list[str]:
+        return sorted(self.run_name[i] for i in rids)
+
     def hint(self, missing: list[str]) -> str:
         """Tags a missing name was probably meant to be (a/b without backticks divides)."""
-        tags = self._tags["tag"].unique().to_list()
-        near = sorted({t for t in tags for m in missing if m and ("/" + m in t or m + "/" in t)})
+        near = sorted({t for t in self.tag_names for m in missing if m and ("/" + m in t or m + "/" in t)})
         return (
             f" Did you mean {', '.join('`' + t + '`' for t in near[:3])}? Tags with '/' go in backticks."
             if near
@@ -100,19 +141,58 @@ class SeriesData:
 
     def available(self) -> str:
         metrics = sorted(self._tags["metric"].drop_nulls().unique().to_list())
-        tags = sorted(self._tags["tag"].unique().to_list())
+        tags = self.tag_names
         shown = ", ".join(tags[:25]) + (f", ... ({len(tags)} tags)" if len(tags) > 25 else "")
         return f"metrics: {', '.join(metrics) or '-'}; tags: {shown or '-'}"
 
 
-def load(store, runs_glob: str | None = None) -> SeriesData:
-    """Every current point of the selected runs (for big stores, replay per batch of runs)."""
-    con = store.connect()
+def _sql_list(items: list[str]) -> str:
+    return "(" + ", ".join("'" + i.replace("'", "''") + "'" for i in items) + ")"
+
+
+def select_runs(store, runs_glob: str | None = None) -> list[tuple[str, int]]:
+    """(run_id, current points) of the runs matching the glob, in run order."""
     where = "" if not runs_glob else f"WHERE run_id GLOB '{runs_glob.replace(chr(39), chr(39) * 2)}'"
+    return (
+        store.connect()
+        .sql(f"SELECT run_id, coalesce(points, 0) FROM runs {where} ORDER BY run_id")
+        .fetchall()
+    )
+
+
+def load(store, runs: list[str] | str | None = None) -> SeriesData:
+    """Every current point of the given runs (a list, or a glob over run ids)."""
+    if runs is None or isinstance(runs, str):
+        runs = [r for r, _ in select_runs(store, runs)]
+    con = store.connect()
+    where = f"WHERE run_id IN {_sql_list(runs)}" if runs else "WHERE false"
     pts = con.sql(f"SELECT run_id, tag, metric, step, value FROM scalars {where}").pl()
     ev = con.sql(f"SELECT run_id, step, kind, attrs FROM events {where}").pl()
-    runs = con.sql(f"SELECT run_id FROM runs {where} ORDER BY run_id").pl()["run_id"].to_list()
-    return SeriesData(pts, ev, runs)
+    return SeriesData(pts, ev, sorted(runs))
+
+
+def prefetched(store, groups: list[list[str]]):
+    """SeriesData per group of runs, loading the next group while the caller works on this one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="load") as pool:
+        nxt = pool.submit(load, store, groups[0]) if groups else None
+        for i in range(len(groups)):
+            data = nxt.result()
+            nxt = pool.submit(load, store, groups[i + 1]) if i + 1 < len(groups) else None
+            yield data
+
+
+def batches(store, runs_glob: str | None, max_points: int = 20_000_000) -> list[list[str]]:
+    """Runs grouped so that each batch holds at most about `max_points` points (memory bound)."""
+    out, cur, n = [], [], 0
+    for run, points in select_runs(store, runs_glob):
+        if cur and n + points > max_points:
+            out.append(cur)
+            cur, n = [], 0
+        cur.append(run)
+        n += points
+    return out + ([cur] if cur else [])
 
 
 # ---- leaves: series computed on their own logged points -------------------------------------
@@ -136,6 +216,18 @@ def _leaf_expr(fn: str, n: float) -> pl.Expr:
         return v - v.shift(k).over(g)
     if fn == "pct_change":
         return v / v.shift(k).over(g) - 1
+    if fn == "slope" and k <= 512:
+        return pl.struct("rid", "key", "step", "value").map_batches(
+            lambda s: pl.Series(
+                _rolling_slope(
+                    _starts(s.struct.field("rid"), s.struct.field("key")),
+                    s.struct.field("step").to_numpy().astype(np.float64),
+                    s.struct.field("value").to_numpy().astype(np.float64),
+                    k,
+                )
+            ),
+            return_dtype=pl.Float64,
+        )
     if fn == "slope":
         x = pl.col("step").cast(pl.Float64) - pl.col("step").first().over(g)
         sx, sy = x.rolling_sum(k).over(g), v.rolling_sum(k).over(g)
@@ -147,6 +239,35 @@ def _leaf_expr(fn: str, n: float) -> pl.Expr:
         baseline = pl.when(fin & (rank <= k)).then(v).max().over(g)
         return pl.when(rank - fin.cast(pl.Int64) >= k).then(baseline)
     raise ReplayError(f"{fn}() needs a metric as its first argument")
+
+
+def _starts(rid: pl.Series, key: pl.Series) -> np.ndarray:
+    change = (rid.diff().fill_null(1) != 0) | (key.diff().fill_null(1) != 0)
+    return np.r_[np.flatnonzero(change.to_numpy()), len(rid)].astype(np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _rolling_slope(starts, x, y, k):
+    """Least-squares slope of the last k points (this one included), per group; two passes per
+    window, so large step numbers lose no precision."""
+    out = np.full(y.shape[0], np.nan)
+    for gi in range(starts.shape[0] - 1):
+        for i in range(starts[gi] + k - 1, starts[gi + 1]):
+            lo = i - k + 1
+            mx = 0.0
+            my = 0.0
+            for j in range(lo, i + 1):
+                mx += x[j]
+                my += y[j]
+            mx /= k
+            my /= k
+            sxy = 0.0
+            sxx = 0.0
+            for j in range(lo, i + 1):
+                sxy += (x[j] - mx) * (y[j] - my)
+                sxx += (x[j] - mx) ** 2
+            out[i] = sxy / sxx if sxx > 0 else np.nan
+    return out
 
 
 @dataclass
@@ -203,85 +324,90 @@ def _text(node) -> str:
 
 
 def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], list[str]]:
-    """(frame run_id, key, step, cond, _l0.. ; leaf texts; evaluable runs) for an expression rule."""
+    """(frame rid, key, step, cond, _l0..; leaf texts; evaluable runs) for an expression rule."""
     tree = rule.ast()
     leaves: dict = {}
     expr = _compile(tree, leaves)
-    cols = []
-    frames = []
-    glob_keys = None
-    for _key, (col, node) in leaves.items():
+    frames = []  # (column, name, series frame)
+    for text_key, (col, node) in leaves.items():
         name = _leaf_name(node)
         s = data.series(name)
         if isinstance(node, Call):
-            cache_key = ("leaf", _key)
-            if cache_key not in data._cache:
-                data._cache[cache_key] = s.with_columns(value=_leaf_expr(node.fn, node.args[1].value))
-            s = data._cache[cache_key]
+            ck = ("leaf", text_key)
+            if ck not in data._cache:
+                data._cache[ck] = s.with_columns(value=_leaf_expr(node.fn, node.args[1].value))
+            s = data._cache[ck]
         frames.append((col, name, s))
-        cols.append(col)
-        if name.is_glob:
-            glob_keys = s.select(*UNIT).unique()
-    missing_everywhere = [
-        _text(_leaf_name(n)) for _, (c, n) in leaves.items() if data.series(_leaf_name(n)).is_empty()
-    ]
-    if missing_everywhere:
+    missing = [_text(name) for _, name, s in frames if s.is_empty()]
+    if missing:
         raise ReplayError(
-            f"rule {rule.id}: {', '.join(sorted(set(missing_everywhere)))} found in no selected run;"
-            f"{data.hint(missing_everywhere)} Available {data.available()}"
+            f"rule {rule.id}: {', '.join(sorted(set(missing)))} found in no selected run;"
+            f"{data.hint(missing)} Available {data.available()}"
         )
-    # evaluable units: runs where every name resolves
-    runs_ok = None
-    for _, name, s in frames:
-        r = set(s["run_id"].unique().to_list())
-        runs_ok = r if runs_ok is None else runs_ok & r
-    runs_ok = runs_ok or set()
+    # evaluable units: runs where every name resolves; with a glob, each (run, matched tag)
+    rids = set.intersection(*(set(s["rid"].unique().to_list()) for _, _, s in frames))
+    globbed = [s for _, name, s in frames if name.is_glob]
     units = (
-        glob_keys.filter(pl.col("run_id").is_in(list(runs_ok)))
-        if glob_keys is not None
+        globbed[0].select(*UNIT).unique()
+        if globbed
         else pl.DataFrame(
-            {"run_id": sorted(runs_ok), "key": [""] * len(runs_ok)},
-            schema={"run_id": pl.String, "key": pl.String},
+            {"rid": sorted(rids), "key": [-1] * len(rids)}, schema={"rid": pl.Int32, "key": pl.Int32}
         )
     )
-    # the grid
+    units = units.filter(pl.col("rid").is_in(sorted(rids)))
+    grid = _grid(rule, data, frames, units)
+    for col, name, s in frames:
+        if _same_rows(grid, s, keyed=name.is_glob):  # logged at the same steps as the grid: stack, no join
+            grid = grid.with_columns(s["value"].alias(col))
+            continue
+        by = UNIT if name.is_glob else ["rid"]
+        right = s.select(*by, "step", pl.col("value").alias(col))
+        grid = grid.join_asof(right, on="step", by=by, strategy="backward", check_sortedness=False)
+    grid = grid.with_columns(cond=expr.fill_null(False))
+    texts = [_text(node) for _, (c, node) in leaves.items()]
+    return grid.select(*UNIT, "step", "cond", *[c for c, _, _ in frames]), texts, data.run_ids(rids)
+
+
+def _same_rows(a: pl.DataFrame, b: pl.DataFrame, keyed: bool = True) -> bool:
+    """Both frames hold the same (rid, [key,] step) rows in the same order (a series without a
+    glob lines up with a glob grid when each run has one matched tag)."""
+    cols = ("step", "rid", "key") if keyed else ("step", "rid")
+    return a.height == b.height and all(a[c].equals(b[c]) for c in cols)
+
+
+def _grid(rule: Rule, data: SeriesData, frames: list, units: pl.DataFrame) -> pl.DataFrame:
+    """The steps a rule is evaluated at, per unit, sorted (cached per set of series)."""
+    ck = ("grid", tuple(sorted({(n.name, n.quoted) for _, n, _ in frames})), rule.on)
+    if ck in data._cache:
+        return data._cache[ck]
     if rule.on:
         on = data.series(Name(rule.on, False, 0))
         if on.is_empty():
             raise ReplayError(
                 f"rule {rule.id}: on = {rule.on!r} found in no selected run; available {data.available()}"
             )
-        grid = units.join(on.select("run_id", "step").unique(), on="run_id")
+        grid = units.join(on.select("rid", "step").unique(), on="rid")
     else:
-        parts = []
-        for _, name, s in frames:
-            keyed = (
-                s.select(*UNIT, "step")
-                if name.is_glob
-                else units.join(s.select("run_id", "step"), on="run_id")
-            )
-            parts.append(keyed.join(units, on=UNIT, how="semi"))
-        grid = pl.concat(parts).unique()
+        series = {(n.name, n.quoted): (n, s) for _, n, s in frames}  # one entry per distinct name
+        first = next((s for n, s in series.values() if n.is_glob), next(iter(series.values()))[1])
+        if all(_same_rows(first, s, keyed=n.is_glob) for n, s in series.values()):
+            grid = first.select(*UNIT, "step").join(
+                units, on=UNIT, how="semi"
+            )  # logged together: any one is the grid
+        else:
+            parts = [
+                (
+                    s.select(*UNIT, "step") if n.is_glob else units.join(s.select("rid", "step"), on="rid")
+                ).join(units, on=UNIT, how="semi")
+                for n, s in series.values()
+            ]
+            grid = parts[0] if len(parts) == 1 else pl.concat(parts).unique()
     grid = grid.sort(*UNIT, "step")
-    for col, name, s in frames:
-        right = (
-            s.select(*UNIT, "step", pl.col("value").alias(col))
-            if name.is_glob
-            else s.select("run_id", "step", pl.col("value").alias(col))
-        )
-        grid = grid.join_asof(
-            right.sort(*(UNIT if name.is_glob else ["run_id"]), "step"),
-            on="step",
-            by=UNIT if name.is_glob else ["run_id"],
-            strategy="backward",
-            check_sortedness=False,
-        )
-    grid = grid.with_columns(cond=expr.fill_null(False))
-    texts = [_text(n) for _, (c, n) in leaves.items()]
-    return grid.select(*UNIT, "step", "cond", *cols), texts, sorted(runs_ok)
+    data._cache[ck] = grid
+    return grid
 
 
-def alerts_from(rule: Rule, frame: pl.DataFrame, texts: list[str]) -> pl.DataFrame:
+def alerts_from(rule: Rule, frame: pl.DataFrame, texts: list[str], data: SeriesData) -> pl.DataFrame:
     """Streaks of true steps -> alert intervals (vectorised)."""
     leaf_cols = [c for c in frame.columns if c.startswith("_l")]
     g = UNIT
@@ -332,9 +458,9 @@ def alerts_from(rule: Rule, frame: pl.DataFrame, texts: list[str]) -> pl.DataFra
     return (
         merged.sort(*g, "step_start")
         .select(
-            "run_id",
+            run_id=pl.col("rid").replace_strict(data.run_name, return_dtype=pl.String),
             rule=pl.lit(rule.id),
-            tag=pl.col("key"),
+            tag=pl.col("key").replace_strict({-1: "", **data.tag_name}, return_dtype=pl.String),
             step_start="step_start",
             step_fired="step_fired",
             step_end="step_end",
@@ -360,7 +486,7 @@ def replay_rule(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str]]:
         frame, texts, runs_ok = rule.detector.conditions(data)
     else:
         frame, texts, runs_ok = conditions(rule, data)
-    return alerts_from(rule, frame, texts), runs_ok
+    return alerts_from(rule, frame, texts, data), runs_ok
 
 
 def replay(rules: list[Rule], data: SeriesData) -> ReplayResult:
@@ -391,23 +517,28 @@ def run_replay(store, rules: list[Rule] | None, runs_glob: str | None) -> tuple[
     for default rules that could not be evaluated on this selection, why."""
     explicit = rules is not None
     rules = rules if explicit else default_rules()
-    data = load(store, runs_glob)
-    if not data.runs:
+    groups = batches(store, runs_glob)
+    if not groups:
         raise ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")
-    out, evaluable, skipped = [], {}, {}
-    for rule in rules:
-        try:
-            alerts, runs_ok = replay_rule(rule, data)
-        except ReplayError as e:
-            if explicit:
-                raise
-            skipped[rule.id] = str(e)
-            continue
-        out.append(alerts)
-        evaluable[rule.id] = runs_ok
+    out, evaluable, failures = [], {r.id: [] for r in rules}, {}
+    for data in prefetched(store, groups):
+        for rule in rules:
+            try:
+                alerts, runs_ok = replay_rule(rule, data)
+            except ReplayError as e:
+                failures.setdefault(rule.id, str(e))
+                continue
+            out.append(alerts)
+            evaluable[rule.id] += runs_ok
+    # absent from every selected run: an error for the user's rules, a note for the defaults
+    skipped = {rid: why for rid, why in failures.items() if not evaluable[rid]}
+    if explicit and skipped:
+        raise ReplayError(next(iter(skipped.values())))
+    evaluable = {rid: runs for rid, runs in evaluable.items() if rid not in skipped}
     alerts = pl.concat(out) if out else pl.DataFrame(schema=ALERT_SCHEMA)
-    result = ReplayResult(alerts.sort("run_id", "rule", "step_start"), evaluable, data.runs)
+    all_runs = [r for g in groups for r in g]
+    result = ReplayResult(alerts.sort("run_id", "rule", "step_start"), evaluable, all_runs)
     with store.writer() as w:
-        w.set_alerts([r.id for r in rules], data.runs, result.alerts)
+        w.set_alerts([r.id for r in rules], all_runs, result.alerts)
         w.commit()
     return result, skipped
