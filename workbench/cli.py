@@ -311,6 +311,195 @@ def replay(rules_file, runs_glob, store):
     )
 
 
+@main.command()
+@click.option(
+    "--rules",
+    "rules_file",
+    default=None,
+    metavar="FILE",
+    help="A TOML rule file (default: the built-ins and the guides' rules).",
+)
+@click.option("--runs", "runs_glob", default=None, metavar="GLOB", help="Only runs whose id matches.")
+@click.option(
+    "--horizon",
+    default=100,
+    show_default=True,
+    metavar="N",
+    help="Steps after the onset an alarm still counts.",
+)
+@click.option(
+    "--lead",
+    default=500,
+    show_default=True,
+    metavar="N",
+    help="Steps before the onset an alarm counts as a detection (earlier: a false alarm).",
+)
+@click.option(
+    "--warmup",
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="Steps from each run's start whose alarms are ignored.",
+)
+@click.option(
+    "--budget",
+    default=1.0,
+    show_default=True,
+    metavar="FA",
+    help="False alarms per 1k steps allowed when picking a sweep's best point.",
+)
+@click.option(
+    "--bootstrap",
+    default=1000,
+    show_default=True,
+    metavar="B",
+    help="Bootstrap resamples over runs for the 95 % intervals (0: none).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default=None,
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="Also write backtest.json, rules.csv, rules.parquet, predictors.csv there.",
+)
+@_store_option
+@_format_option
+def backtest(rules_file, runs_glob, horizon, lead, warmup, budget, bootstrap, out_dir, store, fmt):
+    """Score rules (and each point of their sweeps) and convergence predictors on labelled runs.
+
+    Trigger rates on failed vs healthy runs, recall within [onset - lead, onset + horizon],
+    precision, false alarms per 1k steps, lead time and first-trigger step (mean, std, never
+    fired), 95 % bootstrap intervals over runs. Runs need labels: a labels.toml beside them,
+    `workbench label`, or evidence (NaN loss, loss-scale floor, crash) for automatic ones.
+
+    \b
+    Example:
+      workbench backtest
+      workbench backtest --rules detectors/guides.toml --horizon 200 --format json > scores.json
+    """
+    import polars as pl
+
+    from workbench.backtest import Settings, best_under_budget, frontier
+    from workbench.backtest import backtest as run_backtest
+    from workbench.replay import ReplayError
+
+    settings = Settings(horizon=horizon, lead=lead, warmup=warmup, bootstrap=bootstrap)
+    try:
+        result = run_backtest(Store(store), _load_rules(rules_file), runs_glob, settings)
+    except (ReplayError, StoreError) as e:
+        _fail(str(e), 1)
+    rules_df = pl.DataFrame(result.rules, infer_schema_length=None)
+    preds_df = pl.DataFrame(result.predictors, infer_schema_length=None)
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "backtest.json").write_text(result.to_json() + "\n")
+        rules_df.write_csv(out_dir / "rules.csv")
+        rules_df.write_parquet(out_dir / "rules.parquet")
+        preds_df.write_csv(out_dir / "predictors.csv")
+    if fmt == "json":
+        sys.stdout.write(result.to_json() + "\n")
+        return
+    if fmt == "csv":
+        sys.stdout.write(rules_df.write_csv())
+        return
+    _print_backtest_tables(result, rules_df, budget, frontier, best_under_budget)
+
+
+def _fmt(x, pct=False):
+    if x is None:
+        return "-"
+    if pct:
+        return f"{100 * x:.0f}%"
+    return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+def _print_backtest_tables(result, rules_df, budget, frontier, best_under_budget) -> None:
+    out = Console()
+    r0 = result.rules[0] if result.rules else {}
+    out.print(
+        f"[bold]Backtest[/] over {result.runs} runs: {r0.get('runs_failed', 0)} failed, "
+        f"{r0.get('runs_healthy', 0)} healthy, {result.unknown_runs} unlabelled (left out)",
+        highlight=False,
+    )
+    table = Table(
+        "rule",
+        "params",
+        "eval",
+        "trig fail",
+        "trig ok",
+        "recall (95% CI)",
+        "precision",
+        "FA/1k",
+        "lead med",
+        "first trigger",
+        "never",
+        header_style="bold",
+    )
+    for r in result.rules:
+        ci = (
+            f" ({_fmt(r['recall_ci_low'], True)}-{_fmt(r['recall_ci_high'], True)})"
+            if r["recall_ci_low"] is not None
+            else ""
+        )
+        first = (
+            "-"
+            if r["first_trigger_mean"] is None
+            else f"{r['first_trigger_mean']:.0f} ± {_fmt(r['first_trigger_std'])}"
+        )
+        table.add_row(
+            r["rule"],
+            r["params"][:40],
+            str(r["runs_evaluable"]),
+            _fmt(r["trigger_rate_failed"], True),
+            _fmt(r["trigger_rate_healthy"], True),
+            _fmt(r["recall"], True) + ci,
+            _fmt(r["precision"], True),
+            _fmt(r["false_alarms_per_1k"]),
+            _fmt(r["lead_time_median"]),
+            first,
+            str(r["never_fired"]),
+        )
+    out.print(table)
+    swept = sorted({r["rule"] for r in result.rules if sum(x["rule"] == r["rule"] for x in result.rules) > 1})
+    for rule_id in swept:
+        front = frontier(result.rules, rule_id)
+        best = best_under_budget(result.rules, rule_id, budget)
+        pts = ", ".join(
+            f"{p['params']}: recall {_fmt(p['recall'], True)} @ {_fmt(p['false_alarms_per_1k'])} FA/1k"
+            for p in front
+        )
+        out.print(
+            f"[bold]{rule_id}[/] frontier (recall vs false alarms per 1k steps): {pts}", highlight=False
+        )
+        out.print(
+            f"  best within {budget:g} FA/1k: "
+            + (f"{best['params']} (recall {_fmt(best['recall'], True)})" if best else "none"),
+            highlight=False,
+        )
+    pt = Table(
+        "predictor",
+        "calls",
+        "came true",
+        "precision",
+        "timing err",
+        "final-loss err @10/25/50%",
+        "last-value err @10/25/50%",
+        header_style="bold",
+    )
+    for p in result.predictors:
+        pt.add_row(
+            p["predictor"],
+            _fmt(p["calls"]),
+            _fmt(p["calls_true"]),
+            _fmt(p["precision"], True),
+            _fmt(p["timing_error_median"]),
+            " / ".join(_fmt(p[f"final_loss_error_at_{f}"]) for f in (10, 25, 50)),
+            " / ".join(_fmt(p[f"baseline_error_at_{f}"]) for f in (10, 25, 50)),
+        )
+    out.print(pt)
+
+
 def _print_frame(frame, fmt: str) -> None:
     if fmt == "json":
         sys.stdout.write(frame.write_json() + "\n")
