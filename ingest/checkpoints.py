@@ -6,6 +6,7 @@ Only size, mtime and the small metadata files are read: weights are never opened
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -50,11 +51,53 @@ def _row(path: Path, step: int | None, kind: str, metadata: dict) -> dict:
         "size": size,
         "files": files,
         "metadata": json.dumps(metadata, sort_keys=True, default=str),
+        "sha256": None,
     }
 
 
-def scan(folder: Path) -> list[dict]:
+def sha256_of(path: Path) -> str:
+    """Of a file, or of a folder's files (their relative paths and contents, in order)."""
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        if path.is_dir():
+            h.update(f.relative_to(path).as_posix().encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def scan(folder: Path, hash_files: bool = False) -> list[dict]:
     """Checkpoint rows for one pruned checkpoint folder (or a container of checkpoints)."""
+    rows = _scan(folder)
+    if hash_files:
+        for r in rows:
+            r["sha256"] = sha256_of(Path(r["path"]))
+    return rows
+
+
+def changes(old: dict, new: dict) -> str | None:
+    """Why a checkpoint seen before no longer looks the same, or None."""
+    why = []
+    if old["size"] != new["size"]:
+        why.append(f"size {old['size']} -> {new['size']} bytes")
+    if old["wall_time"] != new["wall_time"]:
+        why.append("modified since it was recorded")
+    if old.get("sha256") and new.get("sha256") and old["sha256"] != new["sha256"]:
+        why.append("sha256 differs")
+    meta = json.loads(new.get("metadata") or "{}")
+    if (
+        new.get("sha256")
+        and meta.get("sha256")
+        and Path(new["path"]).is_file()
+        and meta["sha256"] != new["sha256"]
+    ):
+        why.append("sha256 differs from the one in its metadata")
+    return "; ".join(why) or None
+
+
+def _scan(folder: Path) -> list[dict]:
     name = folder.name
     if m := HF_DIR.fullmatch(name):
         state = _json(folder / "trainer_state.json")
@@ -84,7 +127,7 @@ def scan(folder: Path) -> list[dict]:
     seen: set[Path] = set()
     for child in sorted(folder.iterdir()):
         if child.is_dir():
-            rows += scan(child)
+            rows += _scan(child)
         elif child.suffix == ".json":
             meta = _json(child)
             if "step" not in meta:

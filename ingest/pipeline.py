@@ -99,6 +99,7 @@ def ingest(
     store: Store,
     *,
     check_crc: bool = True,
+    hash_checkpoints: bool = False,
     wait_s: float = 60.0,
     console: Console | None = None,
 ) -> IngestReport:
@@ -127,10 +128,25 @@ def ingest(
                 run_id = run_id_for(f.run_dir, root, base)
                 work.append((f, run_id))
             for folder, run_dir in found.checkpoints:
-                w.set_checkpoints(
-                    str(folder),
-                    [{**row, "run_id": run_id_for(run_dir, root, base)} for row in checkpoints.scan(folder)],
-                )
+                run_id = run_id_for(run_dir, root, base)
+                rows = [{**row, "run_id": run_id} for row in checkpoints.scan(folder, hash_checkpoints)]
+                for row, why in w.set_checkpoints(str(folder), rows):
+                    problem = Problem(
+                        0, "checkpoint_changed", f"checkpoint changed after it was recorded: {why}"
+                    )
+                    report.problems.append((row["path"], problem))
+                    w.add(
+                        "problems",
+                        [
+                            {
+                                "path": row["path"],
+                                "run_id": run_id,
+                                "offset": 0,
+                                "kind": problem.kind,
+                                "message": problem.message,
+                            }
+                        ],
+                    )
         plans = []
         for f, run_id in work:
             key = str(f.path)

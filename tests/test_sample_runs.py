@@ -182,3 +182,13 @@ def test_recovery_restart_and_its_parent_checkpoint(store):
         )["s"][0]
         == 100
     )
+
+
+def test_resumed_console_log_supersedes_the_killed_one(store):
+    """Console logs carry no wall time: the resumed log (first step 200) follows the killed one."""
+    rows = q(
+        store,
+        """SELECT source_file LIKE '%resume.stdout.log' AS resumed, count(*) n, count(*) FILTER (WHERE superseded) sup
+                       FROM scalars_all WHERE run_id = 'resumed_after_kill' AND tag = 'train_loss' GROUP BY ALL ORDER BY resumed""",
+    ).rows()
+    assert rows == [(False, 230, 30), (True, 200, 0)]

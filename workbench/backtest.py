@@ -13,6 +13,8 @@ Per rule and per point of its sweep, over the labelled runs where it could be ev
 - lead time: onset - the first alarm in the recall window (positive = early): median, mean, std.
 - first trigger: the first alarm step on failed runs: mean, std; never_fired counts the rest.
 - 95 % intervals by bootstrap over runs (steps within a run are not independent).
+- recovery outcomes: of the restarts (lineage) of runs in which the rule fired before the restart
+  was triggered, how many continuations ended healthy.
 An alarm is an alert's step_fired. Undefined values are null, never NaN. No point-adjusted F1.
 """
 
@@ -49,6 +51,8 @@ RULE_FIELDS = [
     "recall_ci_high",
     "precision_ci_low",
     "precision_ci_high",
+    "recoveries_after_alarm",
+    "recoveries_healthy",
     "description",
 ]
 
@@ -96,8 +100,27 @@ def load_runs(store, run_ids: list[str]) -> tuple[dict[str, RunInfo], int]:
     return runs, unknown
 
 
+def load_recoveries(store) -> list[tuple[str, int | None, bool]]:
+    """(parent run, step the restart was triggered or rolled back at, did the continuation end healthy)
+    for every restart of one run by another (lineage `recovery` and `fork` edges)."""
+    return (
+        store.connect()
+        .execute("""
+        SELECT l.parent_run, coalesce(e.step, l.parent_step), coalesce(lb.outcome = 'healthy' OR r.status = 'completed', false)
+        FROM lineage l LEFT JOIN labels lb ON lb.run_id = l.child_run LEFT JOIN runs r ON r.run_id = l.child_run
+        LEFT JOIN (SELECT run_id, min(step) step FROM events WHERE kind = 'recovery' GROUP BY run_id) e ON e.run_id = l.child_run
+        WHERE l.child_run <> l.parent_run""")
+        .fetchall()
+    )
+
+
 def score(
-    rule: Rule, alerts: pl.DataFrame, evaluable: list[str], runs: dict[str, RunInfo], st: Settings
+    rule: Rule,
+    alerts: pl.DataFrame,
+    evaluable: list[str],
+    runs: dict[str, RunInfo],
+    st: Settings,
+    recoveries: list[tuple] = (),
 ) -> dict:
     """All metrics of one rule at one parameter point."""
     ev = [r for r in evaluable if r in runs]
@@ -158,6 +181,13 @@ def score(
         precision_ci_low=lo.get("precision"),
         precision_ci_high=hi.get("precision"),
     )
+    # recovery outcomes: restarts that followed an alarm of this rule in the run they restarted
+    after = [
+        healthy
+        for parent, step, healthy in recoveries
+        if any(a <= (step if step is not None else a) for a in fired.get(parent, []))
+    ]
+    out.update(recoveries_after_alarm=len(after), recoveries_healthy=sum(after))
     return {k: out.get(k) for k in RULE_FIELDS}
 
 
@@ -265,6 +295,7 @@ def backtest(
                 continue
             alerts[id(p)].append(a)
             evaluable[id(p)] += ok
+    recoveries = load_recoveries(store)
     results = []
     for p in points:
         if not evaluable[id(p)]:
@@ -272,7 +303,7 @@ def backtest(
                 raise R.ReplayError(failures[p.id])
             continue
         a = pl.concat(alerts[id(p)]) if alerts[id(p)] else pl.DataFrame(schema=R.ALERT_SCHEMA)
-        results.append(score(p, a, evaluable[id(p)], runs, st))
+        results.append(score(p, a, evaluable[id(p)], runs, st, recoveries))
     preds = []
     if predictors:
         from workbench import predictors as P

@@ -58,6 +58,12 @@ def main():
 @click.option("--strict", is_flag=True, help="Exit non-zero when any file or record had a problem.")
 @click.option("--no-crc", is_flag=True, help="Skip TensorBoard CRC checks (faster; damage goes unnoticed).")
 @click.option(
+    "--hash",
+    "hash_checkpoints",
+    is_flag=True,
+    help="Hash checkpoint files (sha256) and check them against their metadata and the last ingest.",
+)
+@click.option(
     "--wait",
     "wait_s",
     default=60.0,
@@ -65,7 +71,7 @@ def main():
     metavar="SECONDS",
     help="How long to wait for another ingest writing to the same store.",
 )
-def ingest(paths, store, strict, no_crc, wait_s):
+def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s):
     """Read every log under PATHS into the store, incrementally.
 
     A run is a folder holding log files; its id is its path relative to PATH. Unchanged files
@@ -82,7 +88,14 @@ def ingest(paths, store, strict, no_crc, wait_s):
     from ingest.pipeline import print_report
 
     try:
-        report = run_ingest(list(paths), Store(store), check_crc=not no_crc, wait_s=wait_s, console=err)
+        report = run_ingest(
+            list(paths),
+            Store(store),
+            check_crc=not no_crc,
+            hash_checkpoints=hash_checkpoints,
+            wait_s=wait_s,
+            console=err,
+        )
     except StoreError as e:
         _fail(str(e))
     print_report(report, err)
@@ -152,7 +165,7 @@ def tags(run, store, fmt):
         f"FROM scalars WHERE run_id = {lit} GROUP BY tag, metric ORDER BY tag"
     )
     try:
-        known = s.connect().execute(f"SELECT count(*) FROM runs WHERE run_id = {lit}").fetchone()[0]
+        known = s.connect().execute(f"SELECT count(*) FROM runs WHERE run_id = {lit}").fetchall()[0][0]
     except StoreError as e:
         _fail(str(e))
     if not known:
@@ -180,7 +193,7 @@ def label(run, outcome, onset, kind, note, store):
     s = Store(store)
     lit = "'" + run.replace("'", "''") + "'"
     try:
-        known = s.connect().execute(f"SELECT count(*) FROM runs WHERE run_id = {lit}").fetchone()[0]
+        known = s.connect().execute(f"SELECT count(*) FROM runs WHERE run_id = {lit}").fetchall()[0][0]
     except StoreError as e:
         _fail(str(e))
     if not known:
@@ -498,6 +511,77 @@ def _print_backtest_tables(result, rules_df, budget, frontier, best_under_budget
             " / ".join(_fmt(p[f"baseline_error_at_{f}"]) for f in (10, 25, 50)),
         )
     out.print(pt)
+
+
+@main.command()
+@click.argument("run")
+@click.option(
+    "--stitch",
+    "stitch_tag",
+    default=None,
+    metavar="TAG",
+    help="Print one series stitched along the path from the root to RUN.",
+)
+@_store_option
+@_format_option
+def lineage(run, stitch_tag, store, fmt):
+    """Show where RUN came from and what continued it: resumes, recovery restarts, forks.
+
+    Each edge shows the checkpoint step it continued from and its evidence (a writer segment
+    restarting below the previous one's last step, checkpoint metadata, a RECOVERY TRIGGERED line,
+    a "Loading checkpoint" line). All edges: workbench sql "SELECT * FROM lineage".
+
+    \b
+    Example:
+      workbench lineage attention_collapse_recovery
+      workbench lineage attention_collapse_recovery --stitch loss --format csv
+    """
+    from rich.tree import Tree
+
+    from workbench import lineage as L
+
+    s = Store(store)
+    try:
+        con = s.connect()
+    except StoreError as e:
+        _fail(str(e))
+    if not con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run]).fetchall()[0][0]:
+        _fail(f"no run {run!r} in {s.root}; list them with: workbench runs")
+    if stitch_tag:
+        series = L.stitched(con, run, stitch_tag)
+        if series.is_empty():
+            _fail(
+                f"no {stitch_tag!r} points along the lineage of {run}; list tags with: workbench tags {run}"
+            )
+        _print_frame(series, fmt)
+        return
+    path, edges, runs = L.tree_rows(con, run)
+    info = {r["run_id"]: r for r in runs.iter_rows(named=True)}
+
+    def label(r):
+        i = info.get(r, {})
+        return f"[bold]{r}[/] [dim]{i.get('status')} · steps {i.get('first_step')}–{i.get('last_step')} · {i.get('segments')} segments[/]"
+
+    def grow(node, r, seen):
+        for e in edges.filter(pl.col("parent_run") == r).iter_rows(named=True):
+            if e["child_run"] == r:
+                node.add(
+                    f"[cyan]resume[/] at step {e['parent_step']} (segment {e['child_segment']}): [dim]{e['evidence']}[/]"
+                )
+            elif e["child_run"] not in seen:
+                changes = f" changes {e['changes']}" if e["changes"] else ""
+                child = node.add(
+                    f"[magenta]{e['kind']}[/] from step {e['parent_step']}{changes} → "
+                    + label(e["child_run"])
+                )
+                child.add(f"[dim]{e['evidence']}[/]")
+                grow(child, e["child_run"], seen | {e["child_run"]})
+
+    import polars as pl
+
+    root = Tree(label(path[0][0]))
+    grow(root, path[0][0], {path[0][0]})
+    Console().print(root)
 
 
 def _print_frame(frame, fmt: str) -> None:

@@ -95,6 +95,7 @@ CHECKPOINTS = {
     "size": pl.Int64,
     "files": pl.Int64,
     "metadata": pl.String,  # JSON: trainer_state fields, DeepSpeed `latest`, torch metadata (sha256, parent, ...)
+    "sha256": pl.String,  # of the file (or of a folder's files), with `ingest --hash`
 }
 
 # Manual labels (labels.toml files, `workbench label`); auto labels are derived in the view.

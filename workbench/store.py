@@ -339,12 +339,18 @@ class StoreWriter:
         self._new["labels"] = [d.filter(keep) for d in self._new["labels"]]
         self.add("labels", [{**r, "origin": origin} for r in rows])
 
-    def set_checkpoints(self, folder: str, rows: list[dict]) -> None:
-        """Replace what is known of the checkpoints in `folder` (they come and go with rotation)."""
+    def set_checkpoints(self, folder: str, rows: list[dict]) -> list[tuple[dict, str]]:
+        """Replace what is known of the checkpoints in `folder` (they come and go with rotation);
+        returns the checkpoints that changed since they were recorded, with why."""
+        from ingest.checkpoints import changes
+
         inside = pl.col("path").str.starts_with(folder.rstrip("/") + "/") | (pl.col("path") == folder)
+        before = {r["path"]: r for r in self.table("checkpoints").filter(inside).iter_rows(named=True)}
+        changed = [(r, why) for r in rows if r["path"] in before and (why := changes(before[r["path"]], r))]
         self.tables["checkpoints"] = self.tables["checkpoints"].filter(~inside)
         self._new["checkpoints"] = [d.filter(~inside) for d in self._new["checkpoints"]]
         self.add("checkpoints", rows)
+        return changed
 
     def set_run_config(self, run_id: str, config: dict) -> None:
         merged = _deep_merge(self.run_config(run_id), config)
@@ -383,6 +389,7 @@ class StoreWriter:
             df = schema.conform(self.table(t), sch, t)
             df.write_parquet(tmp / f"{t}.parquet", compression="zstd")
             _fsync_file(tmp / f"{t}.parquet")
+        self._derive(tmp)
         final = meta / name
         os.replace(tmp, final)
         _fsync_dir(meta)
@@ -396,6 +403,19 @@ class StoreWriter:
             self._new[t] = []
         self._write_catalog(final)
         return final
+
+    def _derive(self, gen: Path) -> None:
+        """Tables computed from the whole generation before it is published: lineage."""
+        from workbench import lineage
+
+        con = duckdb.connect(":memory:")
+        try:
+            for stmt in view_statements(self.root, gen):
+                con.execute(stmt)
+            lineage.build(con).write_parquet(gen / "lineage.parquet", compression="zstd")
+        finally:
+            con.close()
+        _fsync_file(gen / "lineage.parquet")
 
     def _write_catalog(self, gen: Path) -> None:
         """A DuckDB file with the same views, for people who open the store with the duckdb CLI."""
@@ -490,11 +510,16 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         f"CREATE OR REPLACE VIEW _events AS {event_sql}",
         f"CREATE OR REPLACE VIEW _tag_metric AS {metric_rows}",
         # segments: a run's files in the order they were first written
+        # segments: a run's files in the order they were written: by first wall time; files
+        # without one (console logs) by their first step (a resumed log starts below the previous
+        # one's end but above its start), then by path
         """CREATE OR REPLACE VIEW _file_order AS
-           SELECT path, run_id,
-                  dense_rank() OVER (PARTITION BY run_id
-                                     ORDER BY first_wall_time NULLS LAST, path) - 1 AS segment
-           FROM _files WHERE format IS NOT NULL""",
+           WITH first_steps AS (SELECT c.path, min(ct.min_step) AS first_step
+                                FROM _chunks c JOIN _chunk_tags ct USING (chunk_id) GROUP BY c.path)
+           SELECT f.path, f.run_id, fs.first_step,
+                  dense_rank() OVER (PARTITION BY f.run_id
+                                     ORDER BY f.first_wall_time NULLS LAST, fs.first_step NULLS LAST, f.path) - 1 AS segment
+           FROM _files f LEFT JOIN first_steps fs USING (path) WHERE f.format IS NOT NULL""",
         """CREATE OR REPLACE VIEW _cutoffs AS
            SELECT ct.chunk_id, ct.tag,
                   min(ct.min_step) OVER (
@@ -538,7 +563,7 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         "CREATE OR REPLACE VIEW problems AS SELECT * FROM _problems",
         "CREATE OR REPLACE VIEW alerts AS SELECT * FROM _alerts",
         "CREATE OR REPLACE VIEW checkpoints AS SELECT run_id, step, path, kind, to_timestamp(wall_time) AS wall_time, "
-        "size, files, metadata FROM _checkpoints",
+        "size, files, metadata, sha256 FROM _checkpoints",
         f"CREATE OR REPLACE VIEW _run_status AS {run_status_sql()}",
         # manual labels win (the CLI over labels.toml); evidence gives auto labels to the rest
         """CREATE OR REPLACE VIEW _auto_labels AS
@@ -557,7 +582,7 @@ def view_statements(root: Path, gen: Path) -> list[str]:
            UNION ALL
            SELECT a.run_id, a.outcome, a.onset, a.kind, 'auto', 'from evidence in the logs', NULL
            FROM _auto_labels a WHERE a.run_id NOT IN (SELECT run_id FROM _labels)""",
-        """CREATE OR REPLACE VIEW runs AS
+        """CREATE OR REPLACE VIEW _runs_base AS
            WITH pts AS (
                SELECT c.run_id, sum(ct.points) AS points, count(DISTINCT ct.tag) AS tags,
                       min(ct.min_step) AS first_step, max(ct.max_step) AS last_step
@@ -578,9 +603,44 @@ def view_statements(root: Path, gen: Path) -> list[str]:
            FROM fl LEFT JOIN pts USING (run_id) LEFT JOIN seg USING (run_id)
            LEFT JOIN _run_config rc USING (run_id)
            LEFT JOIN _run_status rs USING (run_id)""",
+        f"CREATE OR REPLACE VIEW _lineage AS {_derived_sql(gen, 'lineage', lineage_schema())}",
+        "CREATE OR REPLACE VIEW lineage AS SELECT * FROM _lineage",
+        # a run whose continuation (another run) ended healthy was recovered; its label stays
+        """CREATE OR REPLACE VIEW runs AS
+           WITH cont AS (
+               SELECT l.parent_run AS run_id, string_agg(DISTINCT l.child_run, ', ') AS recovered_by
+               FROM _lineage l LEFT JOIN labels lb ON lb.run_id = l.child_run
+               LEFT JOIN _runs_base rb ON rb.run_id = l.child_run
+               WHERE l.child_run <> l.parent_run AND (lb.outcome = 'healthy' OR rb.status = 'completed')
+               GROUP BY 1)
+           SELECT rb.* REPLACE (
+                      CASE WHEN cont.run_id IS NOT NULL AND rb.status <> 'completed' THEN 'recovered' ELSE rb.status END AS status,
+                      CASE WHEN cont.run_id IS NOT NULL AND rb.status <> 'completed'
+                           THEN 'continued by ' || cont.recovered_by || ', which ended healthy; ' || rb.evidence
+                           ELSE rb.evidence END AS evidence),
+                  cont.recovered_by
+           FROM _runs_base rb LEFT JOIN cont USING (run_id)""",
     ]
 
     return stmts
+
+
+def lineage_schema() -> dict:
+    from workbench.lineage import LINEAGE
+
+    return LINEAGE
+
+
+def _derived_sql(gen: Path, table: str, sch: dict) -> str:
+    """A table derived at commit (lineage); empty while it is being derived."""
+    path = gen / f"{table}.parquet"
+    if not path.exists():
+        return (
+            "SELECT "
+            + ", ".join(f'CAST(NULL AS {_duck_type(t)}) AS "{c}"' for c, t in sch.items())
+            + " WHERE false"
+        )
+    return f"SELECT * FROM read_parquet({_sql_str(str(path))})"
 
 
 def _duck_type(t) -> str:

@@ -1,0 +1,182 @@
+"""Lineage from files alone: resumes, recovery restarts, forks; stitched series; changed checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import DATA, ingest_paths, q
+from writers import tbx_scalars
+
+from workbench import lineage
+from workbench.store import Store
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory):
+    s = Store(tmp_path_factory.mktemp("lin") / "store")
+    ingest_paths(s, ROOT / "sample_runs")
+    return s
+
+
+def test_sample_runs_edges(samples):
+    edges = q(
+        samples,
+        "SELECT child_run, child_segment, parent_run, parent_step, kind, changes FROM lineage ORDER BY child_run",
+    ).rows()
+    assert [e[:5] for e in edges] == [
+        ("attention_collapse_recovery", 0, "attention_collapse", 100, "recovery"),
+        ("resumed_after_kill", 1, "resumed_after_kill", 200, "resume"),
+    ]
+    assert json.loads(edges[0][5]) == {
+        "clip": 0.7,
+        "lr": pytest.approx(0.0024),
+        "warmup": 0.01,
+        "weight_decay": 0.012,
+    }
+    ev = q(samples, "SELECT evidence FROM lineage WHERE child_run = 'resumed_after_kill'")["evidence"][0]
+    assert "restarts at step 200 <= previous segment's last step 229" in ev and "loading checkpoint" in ev
+
+
+def test_recovered_status_keeps_the_failed_label(samples):
+    row = q(
+        samples, "SELECT status, recovered_by, evidence FROM runs WHERE run_id = 'attention_collapse'"
+    ).row(0)
+    assert row[0] == "recovered" and row[1] == "attention_collapse_recovery" and "ended healthy" in row[2]
+    assert (
+        q(samples, "SELECT outcome FROM labels WHERE run_id = 'attention_collapse'")["outcome"][0] == "failed"
+    )
+
+
+def test_stitched_series_along_the_recovery(samples):
+    con = samples.connect()
+    s = lineage.stitched(con, "attention_collapse_recovery", "loss")
+    assert s.height == 400 and s["step"].to_list() == list(range(400))  # no duplicate steps
+    assert s.group_by("run_id").len().sort("run_id").rows() == [
+        ("attention_collapse", 100),
+        ("attention_collapse_recovery", 300),
+    ]
+    assert lineage.path_to(con, "attention_collapse_recovery") == [
+        ("attention_collapse", 100),
+        ("attention_collapse_recovery", None),
+    ]
+
+
+def test_real_samples_have_checkpoints_and_no_false_edges(tmp_path):
+    store = Store(tmp_path / "s")
+    ingest_paths(store, DATA / "real_logs/hf_trainer")
+    assert q(store, "SELECT count(*) n FROM lineage")["n"][0] == 0  # checkpoint-500/-8500 are the same run
+    assert q(store, "SELECT step FROM checkpoints ORDER BY step")["step"].to_list() == [500, 8500]
+
+
+def test_hf_output_dir_resumed_into_a_second_runs_folder(tmp_path):
+    out = tmp_path / "runs/hf_out"
+    tbx_scalars(out / "runs/Nov30_12-00-00_host", {"train/loss": [(s, 1.0) for s in range(0, 300, 10)]})
+    time.sleep(1.1)
+    tbx_scalars(out / "runs/Nov30_13-05-10_host", {"train/loss": [(s, 0.5) for s in range(200, 500, 10)]})
+    (out / "checkpoint-200").mkdir()
+    (out / "checkpoint-200/trainer_state.json").write_text(
+        json.dumps({"global_step": 200, "log_history": []})
+    )
+    store = Store(tmp_path / "s")
+    ingest_paths(store, tmp_path / "runs")
+    assert q(
+        store,
+        "SELECT child_run, child_segment, parent_step, kind, parent_checkpoint LIKE '%checkpoint-200' c FROM lineage",
+    ).rows() == [("hf_out", 1, 200, "resume", True)]
+
+
+def test_fork_from_another_runs_checkpoint(tmp_path):
+    a = tmp_path / "runs/base"
+    tbx_scalars(a, {"loss": [(s, 1.0) for s in range(0, 100)]})
+    (a / "checkpoints").mkdir()
+    (a / "checkpoints/ckpt_60.json").write_text(json.dumps({"step": 60}))
+    tbx_scalars(tmp_path / "runs/finetune", {"loss": [(s, 0.5) for s in range(60, 120)]})
+    store = Store(tmp_path / "s")
+    ingest_paths(store, tmp_path / "runs")
+    assert q(store, "SELECT child_run, parent_run, parent_step, kind FROM lineage").rows() == [
+        ("finetune", "base", 60, "fork")
+    ]
+
+
+def test_changed_checkpoint_is_reported_on_reingest(tmp_path):
+    run = tmp_path / "runs/r"
+    tbx_scalars(run, {"loss": [(0, 1.0)]})
+    (run / "checkpoints").mkdir()
+    weights = run / "checkpoints/ckpt_10.pt"
+    weights.write_bytes(b"a" * 100)
+    import hashlib
+
+    digest = hashlib.sha256(b"a" * 100).hexdigest()
+    (run / "checkpoints/ckpt_10.json").write_text(json.dumps({"step": 10, "sha256": digest}))
+    store = Store(tmp_path / "s")
+    r1 = ingest_paths(store, tmp_path / "runs", hash_checkpoints=True)
+    assert r1.problems == [] and q(store, "SELECT sha256 FROM checkpoints")["sha256"][0] == digest
+    weights.write_bytes(b"b" * 100)  # same size, new content
+    os.utime(weights, (time.time() + 5, time.time() + 5))
+    r2 = ingest_paths(store, tmp_path / "runs", hash_checkpoints=True)
+    assert [p.kind for _, p in r2.problems] == ["checkpoint_changed"]
+    msg = r2.problems[0][1].message
+    assert "sha256 differs" in msg and "metadata" in msg
+
+
+def test_lineage_cli_tree_and_stitch(samples):
+    env = {**os.environ, "WORKBENCH_STORE": str(samples.root)}
+    tree = subprocess.run(
+        [sys.executable, "-m", "workbench", "lineage", "attention_collapse_recovery"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert (
+        tree.returncode == 0
+        and "recovery from step 100" in tree.stdout
+        and "attention_collapse recovered" in tree.stdout
+    )
+    csv = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workbench",
+            "lineage",
+            "attention_collapse_recovery",
+            "--stitch",
+            "loss",
+            "--format",
+            "csv",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    lines = csv.stdout.splitlines()
+    assert lines[0] == "step,value,run_id,hop" and len(lines) == 401
+
+
+def test_backtest_reports_recovery_outcomes_per_rule(samples):
+    from detectors.rules import Rule
+    from workbench.backtest import Settings, backtest
+
+    rules = [
+        Rule("spike", "loss > mean(loss, 100) + 3 * std(loss, 100)"),
+        Rule("p1", "grad_norm < 1e-5 and attn_entropy < 0.3", for_steps=5),
+    ]
+    by_rule = {
+        r["rule"]: r for r in backtest(samples, rules, None, Settings(bootstrap=0), predictors=False).rules
+    }
+    # the spike alarm at 153 came after the recovery trigger (150); P1 at 214 too: neither preceded it
+    assert (by_rule["p1"]["recoveries_after_alarm"], by_rule["p1"]["recoveries_healthy"]) == (0, 0)
+    early = {
+        r["rule"]: r
+        for r in backtest(
+            samples, [Rule("early", "loss > 0")], None, Settings(bootstrap=0), predictors=False
+        ).rules
+    }
+    assert (early["early"]["recoveries_after_alarm"], early["early"]["recoveries_healthy"]) == (1, 1)

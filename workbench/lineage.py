@@ -1,0 +1,244 @@
+"""Checkpoint lineage from files alone: which run (segment) continued from which checkpoint.
+
+Evidence, strongest first, each edge carrying its own:
+- checkpoint metadata naming a parent (`parent_run`, `parent_step`) -> `recovery` when the run
+  logged a RECOVERY TRIGGERED line (the hparam changes are recorded), else `fork`;
+- a writer segment (event file, `runs/<stamp>/`, `resume.stdout.log`, ...) that restarts at or
+  below the previous segment's last step of a tag they share (but after that segment's first)
+  -> `resume`, from the run's checkpoint at or below its first step (even when rotation deleted
+  that checkpoint: the step is still the evidence);
+  a "Loading checkpoint from ..." line confirms it;
+- a run with no other parent whose first step continues exactly one other run's checkpoint -> `fork`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import polars as pl
+
+LINEAGE = {
+    "child_run": pl.String,
+    "child_segment": pl.Int64,
+    "parent_run": pl.String,
+    "parent_step": pl.Int64,
+    "parent_checkpoint": pl.String,
+    "kind": pl.String,  # resume | recovery | fork
+    "evidence": pl.String,
+    "changes": pl.String,  # JSON: hparam changes of a recovery, else null
+}
+
+
+def build(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """All edges, from the views of one store generation."""
+    # per file and tag: a restart is judged between files that write the same tag (a monitor's
+    # one-file-per-metric CSVs are parallel writers, not segments)
+    segs = con.sql("""
+        SELECT fo.run_id, c.source, fo.path, fo.segment, ct.tag, min(ct.min_step) AS first_step, max(ct.max_step) AS last_step
+        FROM _file_order fo JOIN _chunks c USING (path) JOIN _chunk_tags ct USING (chunk_id)
+        GROUP BY ALL ORDER BY fo.run_id, c.source, fo.segment""").pl()
+    ckpts = con.sql("SELECT run_id, step, path, metadata FROM checkpoints WHERE step IS NOT NULL").pl()
+    resumes = con.sql("SELECT run_id, step, attrs FROM events WHERE kind = 'resume'").pl()
+    recoveries = con.sql("SELECT run_id, step, attrs FROM events WHERE kind = 'recovery' ORDER BY step").pl()
+    runs = con.sql("SELECT run_id, first_step FROM _runs_base").pl()
+    run_ids = set(runs["run_id"].to_list())
+    edges: dict[tuple, dict] = {}
+
+    def add(child, segment, parent, step, ckpt, kind, evidence, changes=None):
+        key = (child, parent, step)
+        if key in edges:
+            edges[key]["evidence"] += "; " + evidence
+            return
+        edges[key] = {
+            "child_run": child,
+            "child_segment": segment,
+            "parent_run": parent,
+            "parent_step": step,
+            "parent_checkpoint": ckpt,
+            "kind": kind,
+            "evidence": evidence,
+            "changes": changes,
+        }
+
+    def checkpoint_at_or_below(run, step):
+        c = ckpts.filter((pl.col("run_id") == run) & (pl.col("step") <= step)).sort("step")
+        return (int(c["step"][-1]), c["path"][-1]) if c.height else (None, None)
+
+    # explicit parents in checkpoint metadata (the run's earliest checkpoint that names one)
+    named: set[tuple] = set()
+    for run, step, path, meta in ckpts.sort("run_id", "step").iter_rows():
+        m = json.loads(meta or "{}")
+        parent = _match_run(m.get("parent_run"), run_ids)
+        if parent is None or parent == run or (run, parent) in named:
+            continue
+        named.add((run, parent))
+        pstep = m.get("parent_step")
+        rec = recoveries.filter(pl.col("run_id") == run)
+        if rec.height:
+            attrs = json.loads(rec["attrs"][0])
+            add(
+                run,
+                0,
+                parent,
+                pstep,
+                None,
+                "recovery",
+                f"checkpoint metadata {path.rsplit('/', 1)[-1]} names parent {m.get('parent_run')} at step {pstep}; "
+                f"recovery.log: RECOVERY TRIGGERED {attrs.get('pattern')} at step {rec['step'][0]}",
+                json.dumps(attrs.get("changes"), sort_keys=True),
+            )
+        else:
+            add(
+                run,
+                0,
+                parent,
+                pstep,
+                None,
+                "fork",
+                f"checkpoint metadata {path.rsplit('/', 1)[-1]} names parent {m.get('parent_run')}",
+            )
+    # writer segments that restart at or below where the previous one got to
+    for (run, _source), g in segs.group_by("run_id", "source", maintain_order=True):
+        files = (
+            g.group_by("path", "segment", maintain_order=True)
+            .agg(tags=pl.col("tag"), first=pl.col("first_step"), last=pl.col("last_step"))
+            .sort("segment")
+        )
+        files = files.rows(named=True)
+        for i, cur in enumerate(files):
+            prev = next((f for f in reversed(files[:i]) if set(f["tags"]) & set(cur["tags"])), None)
+            if prev is None:
+                continue
+            shared = set(prev["tags"]) & set(cur["tags"])
+            first = min(v for t, v in zip(cur["tags"], cur["first"], strict=True) if t in shared)
+            last = max(v for t, v in zip(prev["tags"], prev["last"], strict=True) if t in shared)
+            prev_first = min(v for t, v in zip(prev["tags"], prev["first"], strict=True) if t in shared)
+            if not prev_first < first <= last:  # parallel writers start together; a resume starts mid-way
+                continue
+            cur = {"path": cur["path"], "segment": cur["segment"], "first_step": first}
+            prev = {"last_step": last}
+            step, ckpt = checkpoint_at_or_below(run, cur["first_step"])
+            where = (
+                f"checkpoint at step {step}" if step is not None else "no checkpoint on disk at or below it"
+            )
+            name = cur["path"].rsplit("/", 1)[-1]
+            add(
+                run,
+                cur["segment"],
+                run,
+                step if step is not None else cur["first_step"],
+                ckpt,
+                "resume",
+                f"{name} restarts at step {cur['first_step']} <= previous segment's last step {prev['last_step']}; {where}",
+            )
+    for run, step, attrs in resumes.iter_rows():
+        path = json.loads(attrs or "{}").get("path", "")
+        owner = ckpts.filter(
+            pl.col("path").str.ends_with(path.lstrip("./"))
+            | pl.lit(path).str.ends_with(pl.col("path").str.split("/").list.last())
+        )
+        same = [k for k in edges if k[0] == run and k[1] == run and k[2] == step]
+        if same:
+            edges[same[0]]["evidence"] += f"; log says: loading checkpoint {path}"
+        elif owner.height and owner["run_id"][0] != run:
+            add(
+                run,
+                0,
+                owner["run_id"][0],
+                step,
+                owner["path"][0],
+                "fork",
+                f"log says: loading checkpoint {path}",
+            )
+    # forks: a run starting where exactly one other run saved a checkpoint
+    has_parent = {k[0] for k in edges if k[0] != k[1]}
+    for run, first in runs.iter_rows():
+        if run in has_parent or not first:
+            continue
+        c = ckpts.filter((pl.col("run_id") != run) & pl.col("step").is_in([first, first - 1]))
+        if c["run_id"].n_unique() == 1:
+            add(
+                run,
+                0,
+                c["run_id"][0],
+                int(c["step"][0]),
+                c["path"][0],
+                "fork",
+                f"first step {first} continues {c['run_id'][0]}'s checkpoint at step {c['step'][0]}",
+            )
+    rows = sorted(edges.values(), key=lambda e: (e["child_run"], e["child_segment"], e["parent_run"]))
+    return pl.DataFrame(rows, schema=LINEAGE)
+
+
+def _match_run(name: str | None, run_ids: set[str]) -> str | None:
+    """A parent named in metadata: a run id, or the last part of one."""
+    if not name:
+        return None
+    if name in run_ids:
+        return name
+    hits = [r for r in run_ids if r.rsplit("/", 1)[-1] == name]
+    return hits[0] if len(hits) == 1 else None
+
+
+def path_to(con, run_id: str) -> list[tuple[str, int | None]]:
+    """[(run, step where the next run took over), ...] from the root to `run_id` (cross-run edges)."""
+    path = [(run_id, None)]
+    seen = {run_id}
+    while True:
+        e = con.execute(
+            "SELECT parent_run, parent_step FROM lineage WHERE child_run = ? AND parent_run <> child_run "
+            "ORDER BY kind = 'fork', parent_step LIMIT 1",
+            [path[0][0]],
+        ).fetchall()[:1]
+        if not e or e[0][0] in seen:
+            return path
+        seen.add(e[0][0])
+        path.insert(0, (e[0][0], e[0][1]))
+
+
+def tree_rows(con, run_id: str) -> tuple[list[tuple[str, int | None]], pl.DataFrame, pl.DataFrame]:
+    """(path from the root to run_id, every edge touching runs on that path or below it, runs)."""
+    path = path_to(con, run_id)
+    edges = con.sql("SELECT * FROM lineage").pl()
+    runs = con.sql("SELECT run_id, status, first_step, last_step, segments FROM runs").pl()
+    return path, edges, runs
+
+
+def _tag_filter(con, run: str, tag: str) -> str:
+    """The tag to read in `run`: `tag` itself, else the run's tag for that metric with most points."""
+    hit = con.execute(
+        "SELECT tag FROM scalars WHERE run_id = ? AND (tag = ? OR metric = ?) "
+        "GROUP BY tag ORDER BY tag <> ?, count(*) DESC LIMIT 1",
+        [run, tag, tag, tag],
+    ).fetchall()[:1]
+    return hit[0][0] if hit else tag
+
+
+def stitched(con, run_id: str, tag: str) -> pl.DataFrame:
+    """One series along the lineage path to `run_id`: each ancestor up to where its continuation
+    begins, then the continuation (resumes inside a run are already resolved by `scalars`)."""
+    hops = path_to(con, run_id)
+    parts = []
+    for i, (run, _) in enumerate(hops):
+        s = con.sql(
+            "SELECT step, value, ? AS run_id FROM scalars WHERE run_id = ? AND tag = ? ORDER BY step",
+            params=[run, run, _tag_filter(con, run, tag)],
+        ).pl()
+        if i + 1 < len(hops):
+            nxt_run = hops[i + 1][0]
+            nxt = con.execute(
+                "SELECT min(step) FROM scalars WHERE run_id = ? AND tag = ?",
+                [nxt_run, _tag_filter(con, nxt_run, tag)],
+            ).fetchall()[0][0]
+            if nxt is not None:
+                s = s.filter(pl.col("step") < nxt)
+        parts.append(s.with_columns(hop=pl.lit(i, pl.Int64)))
+    out = (
+        pl.concat(parts)
+        if parts
+        else pl.DataFrame(
+            schema={"step": pl.Int64, "value": pl.Float64, "run_id": pl.String, "hop": pl.Int64}
+        )
+    )
+    return out.unique(subset="step", keep="last", maintain_order=True)
