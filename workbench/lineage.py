@@ -67,7 +67,7 @@ def build(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
 
     # explicit parents in checkpoint metadata (the run's earliest checkpoint that names one)
     named: set[tuple] = set()
-    for run, step, path, meta in ckpts.sort("run_id", "step").iter_rows():
+    for run, _step, path, meta in ckpts.sort("run_id", "step").iter_rows():
         m = json.loads(meta or "{}")
         parent = _match_run(m.get("parent_run"), run_ids)
         if parent is None or parent == run or (run, parent) in named:
