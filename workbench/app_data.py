@@ -1,11 +1,19 @@
-"""Cached, read-only data access for the app (the only module the pages read the store through)."""
+"""Cached, read-only data access for the app: the only module the pages read the store through.
+
+Every cached read takes the store generation as its first argument, so a new ingest (a new
+generation) invalidates it; queries run on a per-generation in-memory DuckDB that never locks
+the store, so an open app never blocks an ingest.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import streamlit as st
 
 from workbench.store import Store
+
+SELECTED = "selected_runs"  # session key shared by the pages
 
 
 def store() -> Store:
@@ -13,19 +21,143 @@ def store() -> Store:
 
 
 def generation() -> str | None:
-    """Changes whenever an ingest commits: part of every cache key, so pages see new data."""
     gen = store().current_generation()
     return gen.name if gen else None
 
 
+@st.cache_resource(show_spinner=False, max_entries=2)
+def _connection(gen: str):
+    return store().connect()
+
+
+def sql(gen: str, query: str, params: list | None = None) -> pl.DataFrame:
+    cur = _connection(gen).cursor()  # a cursor per call: connections are not shared between threads
+    try:
+        return cur.sql(query, params=params).pl() if params else cur.sql(query).pl()
+    finally:
+        cur.close()
+
+
 @st.cache_data(show_spinner=False)
 def runs(gen: str) -> pl.DataFrame:
-    return (
-        store()
-        .connect()
-        .sql(
-            "SELECT run_id, status, formats, files, segments, points, tags, first_step, last_step, "
-            "problems, started, last_write, evidence FROM runs ORDER BY run_id"
+    return sql(
+        gen,
+        """
+        WITH a AS (SELECT run_id, count(*) AS alerts FROM alerts GROUP BY run_id),
+             l AS (SELECT run_id, arg_max(value, step) AS last_loss FROM scalars WHERE metric = 'loss' GROUP BY run_id)
+        SELECT r.run_id, r.status, lb.outcome AS label, lb.onset, lb.kind AS failure, lb.source AS label_source,
+               r.formats, r.points, r.first_step, r.last_step, l.last_loss, coalesce(a.alerts, 0) AS alerts,
+               r.segments, r.problems, r.evidence, r.config
+        FROM runs r LEFT JOIN labels lb USING (run_id) LEFT JOIN a USING (run_id) LEFT JOIN l USING (run_id)
+        ORDER BY r.run_id""",
+    )
+
+
+@st.cache_data(show_spinner=False)
+def tags(gen: str, run_ids: tuple[str, ...]) -> pl.DataFrame:
+    if not run_ids:
+        return pl.DataFrame(schema={"tag": pl.String, "metric": pl.String, "runs": pl.UInt32})
+    return sql(
+        gen,
+        "SELECT tag, any_value(metric) AS metric, count(DISTINCT run_id) AS runs FROM scalars "
+        "WHERE list_contains(?, run_id) GROUP BY tag ORDER BY metric NULLS LAST, tag",
+        [list(run_ids)],
+    )
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def series(gen: str, run_id: str, tag: str) -> dict[str, np.ndarray]:
+    """Every stored point of one run and tag, superseded ones flagged, by step then write order."""
+    df = sql(
+        gen,
+        "SELECT step, wall_time, value, superseded FROM scalars_all WHERE run_id = ? AND tag = ? "
+        "ORDER BY step, superseded DESC",
+        [run_id, tag],
+    )
+    return {c: df[c].to_numpy() for c in df.columns}
+
+
+@st.cache_data(show_spinner=False)
+def alerts(gen: str, run_ids: tuple[str, ...]) -> pl.DataFrame:
+    return sql(
+        gen,
+        "SELECT * FROM alerts WHERE list_contains(?, run_id) ORDER BY run_id, step_fired",
+        [list(run_ids)],
+    )
+
+
+@st.cache_data(show_spinner=False)
+def events(gen: str, run_ids: tuple[str, ...]) -> pl.DataFrame:
+    return sql(
+        gen,
+        "SELECT run_id, step, wall_time, kind, message FROM events WHERE list_contains(?, run_id) "
+        "AND step IS NOT NULL AND kind <> 'text' ORDER BY run_id, step",
+        [list(run_ids)],
+    )
+
+
+@st.cache_data(show_spinner=False)
+def lineage(gen: str) -> pl.DataFrame:
+    return sql(gen, "SELECT * FROM lineage ORDER BY child_run, child_segment")
+
+
+@st.cache_data(show_spinner=False)
+def stitched(gen: str, run_id: str, tag: str) -> pl.DataFrame:
+    from workbench import lineage as L
+
+    return L.stitched(_connection(gen).cursor(), run_id, tag)
+
+
+@st.cache_data(show_spinner="Replaying the rules over the selected runs ...")
+def backtest(gen: str, rules_text: str | None, runs_glob: str | None, horizon: int, lead: int) -> dict:
+    """Backtest results as plain data; errors come back as {"error": message}."""
+    import tempfile
+    from pathlib import Path
+
+    from detectors.rules import RuleFileError, load_rule_file
+    from workbench.backtest import Settings
+    from workbench.backtest import backtest as run_backtest
+    from workbench.replay import ReplayError
+
+    try:
+        rules = None
+        if rules_text:
+            with tempfile.TemporaryDirectory() as d:
+                f = Path(d) / "rules.toml"
+                f.write_text(rules_text)
+                rules = load_rule_file(f)
+        res = run_backtest(
+            store(), rules, runs_glob or None, Settings(horizon=horizon, lead=lead, bootstrap=300)
         )
-        .pl()
+    except (RuleFileError, ReplayError) as e:
+        return {"error": str(e)}
+    return {"rules": res.rules, "predictors": res.predictors, "unknown": res.unknown_runs, "runs": res.runs}
+
+
+def replay_alerts(rules_text: str | None, runs_glob: str | None) -> str:
+    """Replay and store the alerts (then the curves show them); returns a summary or the error."""
+    import tempfile
+    from pathlib import Path
+
+    from detectors.rules import RuleFileError, load_rule_file
+    from workbench.replay import ReplayError, run_replay
+    from workbench.store import StoreError
+
+    try:
+        rules = None
+        if rules_text:
+            with tempfile.TemporaryDirectory() as d:
+                f = Path(d) / "rules.toml"
+                f.write_text(rules_text)
+                rules = load_rule_file(f)
+        result, _ = run_replay(store(), rules, runs_glob or None)
+    except (RuleFileError, ReplayError, StoreError) as e:
+        return f"error: {e}"
+    return f"{result.alerts.height} alerts from {len(result.evaluable)} rules over {len(result.runs)} runs stored"
+
+
+def no_store_message() -> str:
+    return (
+        f"No store at `{store().root}` yet. Create one with `workbench ingest PATH` "
+        "(or set `WORKBENCH_STORE` to an existing store), then reload."
     )
