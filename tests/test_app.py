@@ -81,6 +81,7 @@ def test_curves_page_smoothing_log_tags(app):
     assert figure(at)["layout"]["yaxis"]["type"] == "log"
     at.multiselect(key="curves_tags").set_value(["train/loss", "train/grad_norm"]).run()
     assert [a["text"] for a in figure(at)["layout"]["annotations"]] == ["train/loss", "train/grad_norm"]
+    at.button(key="curves_export").click().run()
     assert len(at.get("download_button")) == 2
 
 

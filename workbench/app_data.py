@@ -65,7 +65,6 @@ def tags(gen: str, run_ids: tuple[str, ...]) -> pl.DataFrame:
     )
 
 
-@st.cache_data(show_spinner=False, max_entries=256)
 def series(gen: str, run_id: str, tag: str) -> dict[str, np.ndarray]:
     """Every stored point of one run and tag, superseded ones flagged, by step then write order."""
     df = sql(
@@ -75,6 +74,70 @@ def series(gen: str, run_id: str, tag: str) -> dict[str, np.ndarray]:
         [run_id, tag],
     )
     return {c: df[c].to_numpy() for c in df.columns}
+
+
+def to_x(steps: np.ndarray, walls: np.ndarray, t0: float, x_mode: str) -> np.ndarray:
+    if x_mode == "step":
+        return steps
+    if x_mode.startswith("relative"):
+        return (walls - t0) / 3600.0
+    return (walls * 1000).astype("datetime64[ms]")
+
+
+@st.cache_data(show_spinner=False, max_entries=1024)
+def display_curve(
+    gen: str, run_id: str, tag: str, smoothing: float, x_mode: str, with_superseded: bool
+) -> dict | None:
+    """A curve ready to draw (smoothed over every point, then downsampled) and what it takes to
+    place events and alerts on it; cached, so later page views never touch the raw points."""
+    from workbench import charts
+
+    s = series(gen, run_id, tag)
+    if len(s["step"]) == 0:
+        return None
+    walls = s["wall_time"].astype(np.float64)
+    has_time = bool(np.isfinite(walls).any())
+    t0 = float(np.nanmin(walls)) if has_time else 0.0
+    mode = x_mode if has_time else "step"
+    sup = s["superseded"].astype(bool)
+    keep = np.ones(len(sup), bool) if with_superseded else ~sup
+    x = to_x(s["step"], walls, t0, mode)
+    cur = ~sup
+    # a thinned copy of the current points (steps, x, smoothed y) to place events and alerts on
+    ps, py = charts.downsample(
+        s["step"][cur].astype(np.float64), charts.tb_smooth(s["value"][cur], smoothing), 4000
+    )
+    px = to_x(ps, np.interp(ps, s["step"][cur], walls[cur]) if has_time else ps, t0, mode)
+    return {
+        "curve": charts.prepare_curve(x[keep], s["value"][keep], sup[keep], smoothing),
+        "has_time": has_time,
+        "place_steps": ps,
+        "place_x": px,
+        "place_y": py,
+        "points": int(len(x)),
+    }
+
+
+@st.cache_data(show_spinner="Preparing the export ...")
+def export(gen: str, pairs: tuple[tuple[str, str], ...], fmt: str) -> bytes:
+    """The selected points in long format: run_id, tag, step, wall_time, value, superseded."""
+    import io
+
+    frames = [
+        sql(
+            gen,
+            "SELECT run_id, tag, step, wall_time, value, superseded FROM scalars_all "
+            "WHERE run_id = ? AND tag = ? ORDER BY step",
+            [r, t],
+        )
+        for r, t in pairs
+    ]
+    data = pl.concat(frames) if frames else pl.DataFrame()
+    if fmt == "csv":
+        return data.write_csv().encode()
+    buf = io.BytesIO()
+    data.write_parquet(buf)
+    return buf.getvalue()
 
 
 @st.cache_data(show_spinner=False)

@@ -85,6 +85,32 @@ def downsample(x: np.ndarray, y: np.ndarray, buckets: int = 2000) -> tuple[np.nd
     return x[keep], y[keep]
 
 
+def prepare_curve(
+    x: np.ndarray, y: np.ndarray, superseded: np.ndarray | None, smoothing: float, buckets: int = 2000
+) -> dict:
+    """What a curve needs on screen: the current points smoothed over the full series, then the
+    raw and smoothed lines downsampled; NaN/Inf and superseded points kept apart as markers."""
+    x, y = np.asarray(x), np.asarray(y, dtype=np.float64)
+    sup = np.zeros(len(x), dtype=bool) if superseded is None else np.asarray(superseded, dtype=bool)
+    cur = ~sup
+    smoothed = tb_smooth(y[cur], smoothing)
+    rx, ry = downsample(x[cur], y[cur], buckets)
+    sx, sy = downsample(x[cur], smoothed, buckets)
+    bad = ~np.isfinite(y) & cur
+    finite = np.isfinite(y)
+    return {
+        "raw_x": rx,
+        "raw_y": ry,
+        "smooth_x": sx,
+        "smooth_y": sy,
+        "nan_x": x[bad],
+        "nan_v": y[bad],
+        "top": float(np.max(y[finite])) if finite.any() else 0.0,
+        "sup_x": x[sup],
+        "sup_y": y[sup],
+    }
+
+
 def curves_figure(
     series: list[dict],
     *,
@@ -99,8 +125,8 @@ def curves_figure(
     height_per_row: int = 320,
     ignore_outliers: bool = True,
 ) -> go.Figure:
-    """Curves of many runs and tags. `series`: dicts run_id, tag, x, y (numpy), and optionally
-    `superseded` (bool mask). Smoothing runs on the full series, then both lines are downsampled."""
+    """Curves of many runs and tags. `series`: dicts run_id, tag and either x, y (numpy) with an
+    optional `superseded` mask, or `curve` from prepare_curve (cached by the app)."""
     tags = list(dict.fromkeys(s["tag"] for s in series))
     rows = len(tags) if facet else 1
     fig = make_subplots(
@@ -116,16 +142,13 @@ def curves_figure(
     for s in series:
         row = tags.index(s["tag"]) + 1 if facet else 1
         color = run_color(s["run_id"])
-        x, y = np.asarray(s["x"]), np.asarray(s["y"], dtype=np.float64)
-        cur = ~s["superseded"] if s.get("superseded") is not None else np.ones(len(x), dtype=bool)
+        c = s.get("curve") or prepare_curve(s["x"], s["y"], s.get("superseded"), smoothing, buckets)
         name = s["run_id"] if facet else f"{s['run_id']} · {s['tag']}"
-        smoothed = tb_smooth(y[cur], smoothing)
         if show_raw and smoothing > 0:
-            rx, ry = downsample(x[cur], y[cur], buckets)
             fig.add_trace(
                 go.Scattergl(
-                    x=rx,
-                    y=ry,
+                    x=c["raw_x"],
+                    y=c["raw_y"],
                     mode="lines",
                     line={"color": color, "width": 1},
                     opacity=0.25,
@@ -137,12 +160,10 @@ def curves_figure(
                 row=row,
                 col=1,
             )
-        sx, sy = downsample(x[cur], smoothed, buckets)
-        row_values.setdefault(row, []).append(sy[np.isfinite(sy)])
         fig.add_trace(
             go.Scattergl(
-                x=sx,
-                y=sy,
+                x=c["smooth_x"],
+                y=c["smooth_y"],
                 mode="lines",
                 line={"color": color, "width": 2},
                 name=name,
@@ -154,31 +175,29 @@ def curves_figure(
             col=1,
         )
         shown_in_legend.add(name)
-        bad = ~np.isfinite(y) & cur
-        if bad.any():  # NaN/Inf markers at the top of the plot, so they are seen
-            top = np.nanmax(np.where(np.isfinite(y), y, np.nan)) if np.isfinite(y).any() else 0.0
+        row_values.setdefault(row, []).append(c["smooth_y"][np.isfinite(c["smooth_y"])])
+        if len(c["nan_x"]):  # NaN/Inf markers at the top of the plot, so they are seen
             nan_traces.append((len(fig.data), row))
             fig.add_trace(
                 go.Scatter(
-                    x=x[bad],
-                    y=np.full(bad.sum(), top),
+                    x=c["nan_x"],
+                    y=np.full(len(c["nan_x"]), c["top"]),
                     mode="markers",
                     name=f"{name} NaN/Inf",
                     marker={"symbol": "x", "color": color, "size": 9},
                     legendgroup=name,
                     showlegend=False,
-                    text=[str(v) for v in y[bad]],
+                    text=[str(v) for v in c["nan_v"]],
                     hovertemplate=f"{name}: %{{text}} at %{{x}}<extra></extra>",
                 ),
                 row=row,
                 col=1,
             )
-        if s.get("superseded") is not None and s["superseded"].any():
-            sup = s["superseded"]
+        if len(c["sup_x"]):
             fig.add_trace(
                 go.Scatter(
-                    x=x[sup],
-                    y=y[sup],
+                    x=c["sup_x"],
+                    y=c["sup_y"],
                     mode="markers",
                     marker={"color": color, "size": 4, "symbol": "circle-open"},
                     name=f"{name} superseded",
