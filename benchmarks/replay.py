@@ -45,7 +45,10 @@ TAGS = [
 ]
 
 
-def synth_run(rng: np.random.Generator, steps: int, failing: bool) -> dict[str, np.ndarray]:
+def synth_run(
+    rng: np.random.Generator, steps: int, failing: bool
+) -> tuple[dict[str, np.ndarray], int | None]:
+    """The series of one run, and the step its injected failure starts (None when healthy)."""
     t = np.arange(steps)
     s = {
         "loss": 1 + 3 * np.exp(-t / (steps / 5)) + rng.normal(0, 0.05, steps),
@@ -59,6 +62,7 @@ def synth_run(rng: np.random.Generator, steps: int, failing: bool) -> dict[str, 
     }
     spikes = rng.choice(steps, size=max(1, steps // 20000), replace=False)
     s["loss"][spikes] += 3
+    at = None
     if failing:
         at = int(rng.integers(steps // 4, steps // 2))
         kind = rng.integers(0, 3)
@@ -72,15 +76,26 @@ def synth_run(rng: np.random.Generator, steps: int, failing: bool) -> dict[str, 
         else:  # memory jump while gradients vanish
             s["memory_gb"][at:] += 4
             s["grad_norm"][at:] = 1e-4
-    return s
+    return s, at
 
 
 def build_store(root: Path, runs: int, steps: int) -> Store:
+    """The store, with labels: the injected failures (and their onsets) and healthy runs."""
     store = Store(root)
     rng = np.random.default_rng(0)
+    labels = []
     with store.writer() as w:
         for i in range(runs):
-            series = synth_run(rng, steps, failing=i % 10 == 0)
+            series, onset = synth_run(rng, steps, failing=i % 10 == 0)
+            labels.append(
+                {
+                    "run_id": f"run_{i:03d}",
+                    "outcome": "failed" if onset is not None else "healthy",
+                    "onset": onset,
+                    "kind": None,
+                    "note": None,
+                }
+            )
             ev = 1 + 3 * np.exp(-np.arange(0, steps, 100) / (steps / 5)) + rng.normal(0, 0.02, steps // 100)
             names = [*TAGS, "eval_loss"]
             codes = np.concatenate(
@@ -121,6 +136,7 @@ def build_store(root: Path, runs: int, steps: int) -> Store:
             )
             if i % 20 == 19:
                 print(f"  wrote {i + 1}/{runs} runs", file=sys.stderr)
+        w.set_labels("benchmark", labels)
         w.commit()
     return store
 

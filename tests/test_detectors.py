@@ -243,4 +243,4 @@ def test_alert_fields_and_message():
     alerts, _ = replay_rule(Rule("t", "loss > k", params={"k": 5}, severity="critical"), d)
     row = alerts.row(0, named=True)
     assert row["value"] == 7 and row["severity"] == "critical" and json.loads(row["params"]) == {"k": 5}
-    assert row["message"] == "t: loss=7" and not math.isnan(row["value"])
+    assert row["message"] == "t: loss=7.0" and not math.isnan(row["value"])

@@ -8,8 +8,8 @@ Per rule and per point of its sweep, over the labelled runs where it could be ev
 - recall: failed runs with an alarm inside [onset - lead, onset + horizon].
 - precision: detected failed runs / (detected + healthy runs with an alarm + failed runs whose
   only alarms came before onset - lead).
-- false_alarms_per_1k: alarms per 1000 logged steps on negative stretches (healthy runs, and
-  failed runs before onset - lead).
+- false_alarms_per_1k: alarms per 1000 logged steps (the steps of the run's most-logged series)
+  on negative stretches (healthy runs, and failed runs before onset - lead).
 - lead time: onset - the first alarm in the recall window (positive = early): median, mean, std.
 - first trigger: the first alarm step on failed runs: mean, std; never_fired counts the rest.
 - 95 % intervals by bootstrap over runs (steps within a run are not independent).
@@ -83,20 +83,19 @@ def _num(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def load_runs(store, run_ids: list[str]) -> tuple[dict[str, RunInfo], int]:
-    """Labelled runs of the selection (failed/healthy) and the count of unknown ones."""
-    con = store.connect()
-    labels = {r[0]: r for r in con.execute("SELECT run_id, outcome, onset FROM labels").fetchall()}
-    steps = con.sql("SELECT run_id, list(DISTINCT step ORDER BY step) s FROM scalars GROUP BY run_id").pl()
-    steps = dict(zip(steps["run_id"].to_list(), steps["s"].to_list(), strict=True))
+def load_labels(store, run_ids: list[str]) -> tuple[dict[str, RunInfo], int]:
+    """Labelled runs of the selection (failed/healthy; steps filled in during replay) and the
+    count of the rest (unknown or unlabelled)."""
+    labels = {
+        r[0]: r for r in store.connect().execute("SELECT run_id, outcome, onset FROM labels").fetchall()
+    }
     runs, unknown = {}, 0
     for run in run_ids:
         lab = labels.get(run)
         if lab is None or lab[1] not in ("failed", "healthy"):
             unknown += 1
             continue
-        s = np.array(steps.get(run) or [], dtype=np.int64)
-        runs[run] = RunInfo(run, lab[1], lab[2], int(s[0]) if len(s) else 0, s)
+        runs[run] = RunInfo(run, lab[1], lab[2], 0, np.array([], dtype=np.int64))
     return runs, unknown
 
 
@@ -276,7 +275,7 @@ def backtest(
     if not groups:
         raise R.ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")
     run_ids = [r for g in groups for r in g]
-    runs, unknown = load_runs(store, run_ids)
+    runs, unknown = load_labels(store, run_ids)
     if not runs:
         raise R.ReplayError(
             "no labelled runs in the selection: add a labels.toml beside the runs "
@@ -287,6 +286,10 @@ def backtest(
     evaluable = {id(p): [] for p in points}
     failures: dict[str, str] = {}
     for data in R.prefetched(store, groups):
+        for run, steps in data.logged_steps().items():
+            if run in runs:
+                runs[run].steps = steps
+                runs[run].first_step = int(steps[0]) if len(steps) else 0
         for p in points:
             try:
                 a, ok = R.replay_rule(p, data)

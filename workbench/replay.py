@@ -127,6 +127,17 @@ class SeriesData:
             )
         return self._cache[ck]
 
+    def logged_steps(self) -> dict[str, np.ndarray]:
+        """Per run, the steps of its most-logged series (what 'logged steps' counts in a backtest)."""
+        densest = (
+            self._tags.sort("rid", -pl.col("n").cast(pl.Int64)).group_by("rid", maintain_order=True).first()
+        )
+        out = {}
+        for rid, tid in densest.select("rid", "tid").iter_rows():
+            f = self._by_tag[tid]
+            out[self.run_name[rid]] = f.filter(pl.col("rid") == rid)["step"].unique().sort().to_numpy()
+        return out
+
     def run_ids(self, rids) -> list[str]:
         return sorted(self.run_name[i] for i in rids)
 
@@ -355,6 +366,11 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
         )
     )
     units = units.filter(pl.col("rid").is_in(sorted(rids)))
+    ck = ("aligned", tuple(leaves), rule.on)
+    if ck in data._cache:  # a sweep point of a rule already aligned: only the condition changes
+        grid = data._cache[ck].with_columns(cond=expr.fill_null(False))
+        texts = [_text(node) for _, (c, node) in leaves.items()]
+        return grid.select(*UNIT, "step", "cond", *[c for c, _, _ in frames]), texts, data.run_ids(rids)
     grid = _grid(rule, data, frames, units)
     for col, name, s in frames:
         if _same_rows(grid, s, keyed=name.is_glob):  # logged at the same steps as the grid: stack, no join
@@ -363,6 +379,7 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
         by = UNIT if name.is_glob else ["rid"]
         right = s.select(*by, "step", pl.col("value").alias(col))
         grid = grid.join_asof(right, on="step", by=by, strategy="backward", check_sortedness=False)
+    data._cache[ck] = grid
     grid = grid.with_columns(cond=expr.fill_null(False))
     texts = [_text(node) for _, (c, node) in leaves.items()]
     return grid.select(*UNIT, "step", "cond", *[c for c, _, _ in frames]), texts, data.run_ids(rids)
@@ -407,39 +424,70 @@ def _grid(rule: Rule, data: SeriesData, frames: list, units: pl.DataFrame) -> pl
     return grid
 
 
+@njit(cache=True, nogil=True)
+def _streak_alerts(starts, steps, cond, warmup, k, cooldown):
+    """One pass per group: runs of true steps become alerts once they last k steps; a firing
+    within `cooldown` steps of the previous alert's end extends that alert instead.
+    Returns row indices (start, fired, end) of each alert."""
+    cap = 64
+    a_start = np.empty(cap, np.int64)
+    a_fired = np.empty(cap, np.int64)
+    a_end = np.empty(cap, np.int64)
+    n = 0
+    for g in range(starts.shape[0] - 1):
+        run = 0
+        first = -1
+        current = -1  # the alert the ongoing streak belongs to, once it fired
+        last = -1  # this group's latest alert
+        for i in range(starts[g], starts[g + 1]):
+            if cond[i] and i - starts[g] >= warmup:
+                if run == 0:
+                    first = i
+                run += 1
+                if run == k:
+                    if last >= 0 and steps[i] - steps[a_end[last]] <= cooldown:
+                        current = last
+                    else:
+                        if n == cap:
+                            cap *= 2
+                            a_start = np.concatenate((a_start, np.empty(cap - n, np.int64)))
+                            a_fired = np.concatenate((a_fired, np.empty(cap - n, np.int64)))
+                            a_end = np.concatenate((a_end, np.empty(cap - n, np.int64)))
+                        a_start[n] = first
+                        a_fired[n] = i
+                        current = n
+                        last = n
+                        n += 1
+                if run >= k:
+                    a_end[current] = i
+            else:
+                run = 0
+    return a_start[:n], a_fired[:n], a_end[:n]
+
+
 def alerts_from(rule: Rule, frame: pl.DataFrame, texts: list[str], data: SeriesData) -> pl.DataFrame:
-    """Streaks of true steps -> alert intervals (vectorised)."""
+    """Streaks of true steps -> alert intervals (frame sorted by rid, key, step)."""
     leaf_cols = [c for c in frame.columns if c.startswith("_l")]
-    g = UNIT
-    f = frame.sort(*g, "step").with_columns(idx=pl.int_range(pl.len()).over(g))
-    f = f.with_columns(cond=pl.col("cond") & (pl.col("idx") >= rule.warmup))
-    f = f.with_columns(
-        streak=(pl.col("cond") != pl.col("cond").shift(1).over(g)).fill_null(True).cum_sum().over(g)
+    if frame.is_empty():
+        return pl.DataFrame(schema=ALERT_SCHEMA)
+    steps = frame["step"].to_numpy()
+    start, fired, end = _streak_alerts(
+        _starts(frame["rid"], frame["key"]),
+        steps,
+        frame["cond"].to_numpy(),
+        int(rule.warmup),
+        int(rule.for_steps),
+        int(rule.cooldown),
     )
-    k = rule.for_steps
-    streaks = (
-        f.filter("cond")
-        .group_by(*g, "streak")
-        .agg(
-            n=pl.len(),
-            step_start=pl.col("step").first(),
-            step_end=pl.col("step").last(),
-            step_fired=pl.col("step").slice(k - 1, 1).first(),
-            **{c: pl.col(c).slice(k - 1, 1).first() for c in leaf_cols},
-        )
-        .filter(pl.col("n") >= k)
-        .sort(*g, "step_start")
-    )
-    # cooldown: a new firing within `cooldown` steps of the previous alert's end joins it
-    prev_end = pl.col("step_end").shift(1).over(g)
-    streaks = streaks.with_columns(
-        grp=(prev_end.is_null() | (pl.col("step_fired") - prev_end > rule.cooldown)).cum_sum().over(g)
-    )
-    merged = streaks.group_by(*g, "grp").agg(
-        pl.col("step_start").first(),
-        pl.col("step_fired").first(),
-        pl.col("step_end").max(),
-        *[pl.col(c).first() for c in leaf_cols],
+    merged = pl.DataFrame(
+        {
+            "rid": frame["rid"].gather(start),
+            "key": frame["key"].gather(start),
+            "step_start": steps[start],
+            "step_fired": steps[fired],
+            "step_end": steps[end],
+            **{c: frame[c].gather(fired) for c in leaf_cols},
+        }
     )
     if merged.is_empty():
         return pl.DataFrame(schema=ALERT_SCHEMA)
@@ -451,26 +499,22 @@ def alerts_from(rule: Rule, frame: pl.DataFrame, texts: list[str], data: SeriesD
             for e in (
                 (pl.lit(", ") if i else pl.lit("")),
                 pl.lit(f"{texts[i]}="),
-                pl.col(c).map_elements(lambda x: f"{x:.4g}", return_dtype=pl.String).fill_null("null"),
+                pl.col(c).round_sig_figs(4).cast(pl.String).fill_null("null"),
             )
         ]
     )
-    return (
-        merged.sort(*g, "step_start")
-        .select(
-            run_id=pl.col("rid").replace_strict(data.run_name, return_dtype=pl.String),
-            rule=pl.lit(rule.id),
-            tag=pl.col("key").replace_strict({-1: "", **data.tag_name}, return_dtype=pl.String),
-            step_start="step_start",
-            step_fired="step_fired",
-            step_end="step_end",
-            value=pl.col(leaf_cols[0]) if leaf_cols else pl.lit(None, pl.Float64),
-            message=msg,
-            params=pl.lit(rule.params_json),
-            severity=pl.lit(rule.severity),
-        )
-        .cast(ALERT_SCHEMA)
-    )
+    return merged.select(
+        run_id=pl.col("rid").replace_strict(data.run_name, return_dtype=pl.String),
+        rule=pl.lit(rule.id),
+        tag=pl.col("key").replace_strict({-1: "", **data.tag_name}, return_dtype=pl.String),
+        step_start="step_start",
+        step_fired="step_fired",
+        step_end="step_end",
+        value=pl.col(leaf_cols[0]) if leaf_cols else pl.lit(None, pl.Float64),
+        message=msg,
+        params=pl.lit(rule.params_json),
+        severity=pl.lit(rule.severity),
+    ).cast(ALERT_SCHEMA)
 
 
 @dataclass
