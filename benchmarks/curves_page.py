@@ -23,6 +23,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from synthetic import write_run  # noqa: E402
 
 from workbench.points import Points  # noqa: E402
 from workbench.store import Store  # noqa: E402
@@ -37,35 +40,7 @@ def build(root: Path, runs: int, steps: int) -> Store:
             y = 1 + 3 * np.exp(-t / (steps / 5)) + rng.normal(0, 0.05, steps)
             y[rng.choice(steps, 5, replace=False)] += 5
             run = f"run_{i:02d}"
-            w.add_chunk(
-                run,
-                f"/bench/{run}",
-                "tensorboard",
-                0,
-                1,
-                Points(["train/loss"], np.zeros(steps, np.int32), t, 1.7e9 + t * 0.5, y),
-            )
-            w.set_file(
-                {
-                    "path": f"/bench/{run}",
-                    "run_id": run,
-                    "format": "tensorboard",
-                    "status": "ok",
-                    "size": 1,
-                    "mtime_ns": 0,
-                    "consumed": 1,
-                    "head_sig": "",
-                    "tail_sig": "",
-                    "first_wall_time": 1.7e9,
-                    "records": steps,
-                    "points": steps,
-                    "problems": 0,
-                    "note": None,
-                    "contents": None,
-                    "state": None,
-                    "ingested_at": 0.0,
-                }
-            )
+            write_run(w, run, Points(["train/loss"], np.zeros(steps, np.int32), t, 1.7e9 + t * 0.5, y))
         w.commit()
     return store
 

@@ -27,6 +27,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from synthetic import write_run  # noqa: E402
 
 from detectors.rules import load_rule_file  # noqa: E402
 from workbench import replay as R  # noqa: E402
@@ -105,35 +108,7 @@ def build_store(root: Path, runs: int, steps: int) -> Store:
             step = np.concatenate([np.arange(steps)] * len(TAGS) + [np.arange(0, steps, 100)])
             value = np.concatenate([series[t] for t in TAGS] + [ev])
             run = f"run_{i:03d}"
-            w.add_chunk(
-                run,
-                f"/bench/{run}",
-                "tensorboard",
-                0,
-                1,
-                Points(names, codes, step, np.full(len(step), np.nan), value),
-            )
-            w.set_file(
-                {
-                    "path": f"/bench/{run}",
-                    "run_id": run,
-                    "format": "tensorboard",
-                    "status": "ok",
-                    "size": 1,
-                    "mtime_ns": 0,
-                    "consumed": 1,
-                    "head_sig": "",
-                    "tail_sig": "",
-                    "first_wall_time": 0.0,
-                    "records": len(step),
-                    "points": len(step),
-                    "problems": 0,
-                    "note": None,
-                    "contents": None,
-                    "state": None,
-                    "ingested_at": 0.0,
-                }
-            )
+            write_run(w, run, Points(names, codes, step, np.full(len(step), np.nan), value))
             if i % 20 == 19:
                 print(f"  wrote {i + 1}/{runs} runs", file=sys.stderr)
         w.set_labels("benchmark", labels)

@@ -33,6 +33,16 @@ def _format_option(f):
     )(f)
 
 
+def _rules_option(f):
+    return click.option(
+        "--rules",
+        "rules_file",
+        default=None,
+        metavar="FILE",
+        help="A TOML rule file (default: the built-ins and the guides' rules).",
+    )(f)
+
+
 def _fail(message: str, code: int = 2):
     err.print(f"[red]error:[/] {message}", highlight=False)
     sys.exit(code)
@@ -226,13 +236,7 @@ def _load_rules(rules_file):
 
 
 @main.command()
-@click.option(
-    "--rules",
-    "rules_file",
-    default=None,
-    metavar="FILE",
-    help="A TOML rule file (default: the built-ins and the guides' rules).",
-)
+@_rules_option
 @_format_option
 def rules(rules_file, fmt):
     """List rules with their conditions and parameters (built-ins and the guides' set, or FILE).
@@ -265,13 +269,7 @@ def rules(rules_file, fmt):
 
 
 @main.command()
-@click.option(
-    "--rules",
-    "rules_file",
-    default=None,
-    metavar="FILE",
-    help="A TOML rule file (default: the built-ins and the guides' rules).",
-)
+@_rules_option
 @click.option(
     "--runs", "runs_glob", default=None, metavar="GLOB", help="Only runs whose id matches (e.g. 'sweep_*')."
 )
@@ -325,13 +323,7 @@ def replay(rules_file, runs_glob, store):
 
 
 @main.command()
-@click.option(
-    "--rules",
-    "rules_file",
-    default=None,
-    metavar="FILE",
-    help="A TOML rule file (default: the built-ins and the guides' rules).",
-)
+@_rules_option
 @click.option("--runs", "runs_glob", default=None, metavar="GLOB", help="Only runs whose id matches.")
 @click.option(
     "--horizon",
