@@ -70,7 +70,6 @@ def main() -> None:
     assert not at.exception and at.get("plotly_chart")
 
     import plotly.express as px
-    import polars as pl
 
     t0 = time.perf_counter()
     df = store.connect().sql("SELECT run_id, step, value FROM scalars").pl()
@@ -86,7 +85,6 @@ def main() -> None:
         f"plotly express, all points : {naive:6.2f}s (no downsampling; the browser then draws {total:,} points)"
     )
     print(f"ratio naive / warm page    = {naive / min(warm):.0f}x")
-    del pl
 
 
 if __name__ == "__main__":

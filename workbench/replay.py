@@ -281,12 +281,6 @@ def _rolling_slope(starts, x, y, k):
     return out
 
 
-@dataclass
-class _Compiled:
-    expr: pl.Expr
-    leaves: dict  # column name -> (leaf AST, display text)
-
-
 def _compile(node, leaves: dict) -> pl.Expr:
     """AST -> polars expression over leaf columns (registered in `leaves`)."""
     if isinstance(node, Num):

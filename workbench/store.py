@@ -177,8 +177,6 @@ class StoreWriter:
         self.tables = {t: store.read_meta(t, gen) for t in schema.META_TABLES}
         self.next_chunk_id = int(self.tables["chunks"]["chunk_id"].max() or 0) + 1
         self._new: dict[str, list[pl.DataFrame]] = {t: [] for t in schema.META_TABLES}
-        self._dropped_paths: set[str] = set()
-        self._touched_runs: set[str] = set()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet")
         self._pending: list = []
         self._collect_garbage()
@@ -186,12 +184,10 @@ class StoreWriter:
     # Everything is keyed by source path: a rewritten or moved file is dropped whole, then re-read.
     def drop_file(self, path: str) -> None:
         self._flush_parts()
-        self._dropped_paths.add(path)
         for t in ("files", "chunks", "problems"):
             df = self.tables[t]
             old = df.filter(pl.col("path") == path)
             if t == "chunks":
-                self._touched_runs.update(old["run_id"].to_list())
                 ids = old["chunk_id"]
                 self.tables["chunk_tags"] = self.tables["chunk_tags"].filter(
                     ~pl.col("chunk_id").is_in(ids.implode())
@@ -217,7 +213,6 @@ class StoreWriter:
         """
         chunk_id = self.next_chunk_id
         self.next_chunk_id += 1
-        self._touched_runs.add(run_id)
         self.add(
             "chunks",
             pl.DataFrame(
