@@ -18,7 +18,7 @@ import numpy as np
 
 from ingest.base import Batch, Problem, ReadContext
 from ingest.textio import line_blocks, read_head, to_float
-from workbench.points import Points
+from workbench.points import Points, PointsBuilder
 
 STEP_KEYS = (
     "step",
@@ -61,11 +61,7 @@ class RecordsToPoints:
     def __init__(self, state: dict):
         self.last_step = state.get("last_step")
         self.no_step = state.get("no_step", 0)
-        self.tags: dict[str, int] = {}
-        self.codes: list[int] = []
-        self.steps: list[int] = []
-        self.walls: list[float] = []
-        self.values: list[float] = []
+        self.builder = PointsBuilder()
 
     def add(self, record: dict, step=None, wall=None, skip=()) -> bool:
         """Add one record's numeric fields; False when it has no step (counted)."""
@@ -88,22 +84,11 @@ class RecordsToPoints:
             x = to_float(v)
             if x is None:
                 continue
-            self.codes.append(self.tags.setdefault(key, len(self.tags)))
-            self.steps.append(step)
-            self.walls.append(np.nan if wall is None else wall)
-            self.values.append(x)
+            self.builder.add(key, step, x, np.nan if wall is None else wall)
         return True
 
     def points(self) -> Points:
-        pts = Points(
-            list(self.tags),
-            np.array(self.codes, np.int32),
-            np.array(self.steps, np.int64),
-            np.array(self.walls, np.float64),
-            np.array(self.values, np.float64),
-        )
-        self.tags, self.codes, self.steps, self.walls, self.values = {}, [], [], [], []
-        return pts
+        return self.builder.take()
 
     def state(self) -> dict:
         return {"last_step": self.last_step, "no_step": self.no_step}

@@ -11,11 +11,9 @@ import csv
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
 from ingest.base import Batch, Problem, ReadContext
 from ingest.textio import flat_yaml, line_blocks, to_float
-from workbench.points import Points
+from workbench.points import PointsBuilder
 
 
 class LightningCsvIngestor:
@@ -35,8 +33,7 @@ class LightningCsvIngestor:
         line_no = ctx.state.get("line", 0)
         for b0, b1, lines in line_blocks(path, start):
             batch = Batch(start=b0, end=b1)
-            tags: dict[str, int] = {}
-            codes, steps, values = [], [], []
+            points = PointsBuilder()
             for row in csv.reader(lines):
                 line_no += 1
                 if header is None:
@@ -64,17 +61,8 @@ class LightningCsvIngestor:
                         continue
                     v = to_float(cell)
                     if v is not None:
-                        codes.append(tags.setdefault(k, len(tags)))
-                        steps.append(int(step))
-                        values.append(v)
-            n = len(values)
-            batch.points = Points(
-                list(tags),
-                np.array(codes, np.int32),
-                np.array(steps, np.int64),
-                np.full(n, np.nan),
-                np.array(values, np.float64),
-            )
+                        points.add(k, int(step), v)
+            batch.points = points.take()
             batch.state = {"header": header, "line": line_no}
             yield batch
 

@@ -25,11 +25,9 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
 from ingest.base import Batch, Problem, ReadContext, event
 from ingest.textio import NUM, is_settled, line_blocks, list_ahead, read_head, strip_line, to_float
-from workbench.points import Points
+from workbench.points import PointsBuilder
 
 SNIFF_BYTES = 1 << 20  # the script dump at the top of a nanoGPT log can be long
 
@@ -130,8 +128,7 @@ class _Parser:
         self.line = state.get("line", 0)
         self.no_step = state.get("no_step", 0)
         self.pending = state.get("pending", [])  # overflow notices waiting for their step
-        self.tags: dict[str, int] = {}
-        self.codes, self.steps, self.values = [], [], []
+        self.builder = PointsBuilder()
         self.events: list[dict] = []
         self.problems: list[Problem] = []
         self.config: dict = {}
@@ -150,9 +147,7 @@ class _Parser:
         if step is None:
             self.no_step += 1
             return
-        self.codes.append(self.tags.setdefault(tag, len(self.tags)))
-        self.steps.append(step)
-        self.values.append(value)
+        self.builder.add(tag, step, value)
 
     def at_step(self, step: int) -> None:
         """A line stated the step in progress: place the notices that were waiting for it."""
@@ -171,18 +166,6 @@ class _Parser:
             if p["attrs"].get("new_scale") is not None and self.step is not None:
                 self.point("derived/loss_scale", p["attrs"]["new_scale"], self.step)
         self.pending = []
-
-    def take_points(self) -> Points:
-        n = len(self.codes)
-        pts = Points(
-            list(self.tags),
-            np.array(self.codes, np.int32),
-            np.array(self.steps, np.int64),
-            np.full(n, np.nan),
-            np.array(self.values, np.float64),
-        )
-        self.tags, self.codes, self.steps, self.values = {}, [], [], []
-        return pts
 
     # ------------------------------------------------------------------------------------
     def feed(self, raw: str) -> None:
@@ -466,7 +449,7 @@ class TextLogIngestor:
                 parser.feed(raw)
             if last and parser.pending and is_settled(path):
                 parser.place_pending_at_end()
-            batch.points = parser.take_points()
+            batch.points = parser.builder.take()
             batch.events, parser.events = parser.events, []
             batch.problems, parser.problems = parser.problems, []
             batch.config, parser.config = parser.config, {}

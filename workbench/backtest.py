@@ -282,36 +282,30 @@ def backtest(
             "(see the README) or use: workbench label RUN --outcome failed --onset STEP"
         )
     points = [p for rule in rules for p in rule.sweep_points()]
-    alerts = {id(p): [] for p in points}
-    evaluable = {id(p): [] for p in points}
-    failures: dict[str, str] = {}
-    for data in R.prefetched(store, groups):
+    from workbench import predictors as P
+
+    extra = list(P.PREDICTOR_RULES.values()) if predictors else []  # replayed in the same pass
+
+    def note_steps(data):  # logged steps per run, from the batch already in memory
         for run, steps in data.logged_steps().items():
             if run in runs:
                 runs[run].steps = steps
                 runs[run].first_step = int(steps[0]) if len(steps) else 0
-        for p in points:
-            try:
-                a, ok = R.replay_rule(p, data)
-            except R.ReplayError as e:
-                failures.setdefault(p.id, str(e))
-                continue
-            alerts[id(p)].append(a)
-            evaluable[id(p)] += ok
+
+    done = R.replay_all(store, points + extra, groups, on_batch=note_steps)
     recoveries = load_recoveries(store)
     results = []
-    for p in points:
-        if not evaluable[id(p)]:
-            if explicit and p.id in failures:
-                raise R.ReplayError(failures[p.id])
+    for p, d in zip(points, done, strict=False):
+        if d.error:
+            if explicit:
+                raise R.ReplayError(d.error)
             continue
-        a = pl.concat(alerts[id(p)]) if alerts[id(p)] else pl.DataFrame(schema=R.ALERT_SCHEMA)
-        results.append(score(p, a, evaluable[id(p)], runs, st, recoveries))
-    preds = []
-    if predictors:
-        from workbench import predictors as P
-
-        preds = P.evaluate(store, runs, st)
+        results.append(score(p, d.alerts, d.evaluable, runs, st, recoveries))
+    preds = (
+        P.evaluate(store, runs, dict(zip(P.PREDICTOR_RULES, done[len(points) :], strict=True)))
+        if predictors
+        else []
+    )
     return BacktestResult(results, preds, unknown, len(run_ids))
 
 

@@ -73,6 +73,38 @@ class Points:
         )
 
 
+class PointsBuilder:
+    """Collects points one at a time (text and JSON readers) and hands them over as Points."""
+
+    def __init__(self):
+        self._reset()
+
+    def _reset(self) -> None:
+        self.tags: dict[str, int] = {}
+        self.codes: list[int] = []
+        self.steps: list[int] = []
+        self.walls: list[float] = []
+        self.values: list[float] = []
+
+    def add(self, tag: str, step: int, value: float, wall_time: float = np.nan) -> None:
+        self.codes.append(self.tags.setdefault(tag, len(self.tags)))
+        self.steps.append(step)
+        self.walls.append(wall_time)
+        self.values.append(value)
+
+    def take(self) -> Points:
+        """The points collected so far; the builder starts over."""
+        pts = Points(
+            list(self.tags),
+            np.array(self.codes, np.int32),
+            np.array(self.steps, np.int64),
+            np.array(self.walls, np.float64),
+            np.array(self.values, np.float64),
+        )
+        self._reset()
+        return pts
+
+
 @njit(cache=True, nogil=True)
 def _supersede(order, codes, steps):
     """Walk each tag's points from last to first: a point is superseded when a later point of

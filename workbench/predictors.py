@@ -21,7 +21,6 @@ import polars as pl
 
 from detectors.builtins import Plateau
 from detectors.rules import Rule
-from workbench import replay as R
 
 EMA_WEIGHT, EPS, W, HORIZON = 0.9, 0.005, 100, 200
 FRACTIONS = (10, 25, 50)
@@ -35,7 +34,13 @@ PREDICTOR_FIELDS = [
     *[f"baseline_error_at_{f}" for f in FRACTIONS],
     "runs",
 ]
-SLOPE_RULE = Rule("slope_rule", "abs(slope(loss, 20)) < 1e-4 and slope(grad_norm, 20) > -5e-4", for_steps=10)
+# the "plateau within HORIZON" callers, replayed in the backtest's own pass over the runs
+PREDICTOR_RULES = {
+    "slope_rule": Rule(
+        "slope_rule", "abs(slope(loss, 20)) < 1e-4 and slope(grad_norm, 20) > -5e-4", for_steps=10
+    ),
+    "reduce_lr_on_plateau": Plateau(metric="loss", patience=50).rule(),
+}
 
 
 def loss_series(store, run_ids: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -81,16 +86,12 @@ def plateau_onset(steps: np.ndarray, values: np.ndarray) -> int | None:
     return None
 
 
-def _calls(store, rule: Rule, run_ids: list[str]) -> dict[str, list[int]]:
+def _calls(replayed, run_ids: list[str]) -> dict[str, list[int]]:
+    """Call steps per run from a rule's replay (a rule absent from every run makes none)."""
     out: dict[str, list[int]] = {}
-    for data in R.prefetched(store, R.batches(store, None)):
-        try:
-            alerts, _ = R.replay_rule(rule, data)
-        except R.ReplayError:
-            continue
-        for run, step in alerts.select("run_id", "step_fired").iter_rows():
-            if run in run_ids:
-                out.setdefault(run, []).append(step)
+    for run, step in replayed.alerts.select("run_id", "step_fired").iter_rows():
+        if run in run_ids:
+            out.setdefault(run, []).append(step)
     return out
 
 
@@ -181,20 +182,15 @@ def curve_fit_scores(series: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
     return out
 
 
-def evaluate(store, runs: dict, st) -> list[dict]:
-    """The three predictor objects, every field present (null where it does not apply)."""
+def evaluate(store, runs: dict, replayed: dict) -> list[dict]:
+    """The three predictor objects, every field present (null where it does not apply);
+    `replayed` holds the replays of PREDICTOR_RULES over the same runs."""
     run_ids = sorted(runs)
     series = loss_series(store, run_ids)
     onsets = {run: plateau_onset(*series[run]) for run in series}
     evaluated = sorted(series)
     out = [
-        _score_calls("slope_rule", _calls(store, SLOPE_RULE, run_ids), onsets, evaluated),
-        _score_calls(
-            "reduce_lr_on_plateau",
-            _calls(store, Plateau(metric="loss", patience=50).rule(), run_ids),
-            onsets,
-            evaluated,
-        ),
+        *[_score_calls(name, _calls(replayed[name], run_ids), onsets, evaluated) for name in PREDICTOR_RULES],
         curve_fit_scores(series),
     ]
     return [{k: _clean(o.get(k)) for k in PREDICTOR_FIELDS} for o in out]

@@ -550,6 +550,38 @@ def default_rules() -> list[Rule]:
     )
 
 
+@dataclass
+class RuleReplay:
+    """One rule over a selection: its alerts, where it could be evaluated, and why not elsewhere."""
+
+    alerts: pl.DataFrame
+    evaluable: list[str]
+    error: str | None = None
+
+
+def replay_all(store, rules: list[Rule], groups: list[list[str]], on_batch=None) -> list[RuleReplay]:
+    """Every rule over every batch of runs; each batch is loaded once for all of them (and
+    handed to `on_batch` first, for callers that need more of it)."""
+    parts: list[list[pl.DataFrame]] = [[] for _ in rules]
+    runs_ok: list[list[str]] = [[] for _ in rules]
+    errors: list[str | None] = [None] * len(rules)
+    for data in prefetched(store, groups):
+        if on_batch is not None:
+            on_batch(data)
+        for i, rule in enumerate(rules):
+            try:
+                alerts, ok = replay_rule(rule, data)
+            except ReplayError as e:
+                errors[i] = errors[i] or str(e)
+                continue
+            parts[i].append(alerts)
+            runs_ok[i] += ok
+    return [
+        RuleReplay(pl.concat(a) if a else pl.DataFrame(schema=ALERT_SCHEMA), ok, None if ok else err)
+        for a, ok, err in zip(parts, runs_ok, errors, strict=True)
+    ]
+
+
 def run_replay(store, rules: list[Rule] | None, runs_glob: str | None) -> tuple[ReplayResult, dict[str, str]]:
     """Replay (each rule at its own parameters) and store the alerts; returns the result and,
     for default rules that could not be evaluated on this selection, why."""
@@ -558,22 +590,13 @@ def run_replay(store, rules: list[Rule] | None, runs_glob: str | None) -> tuple[
     groups = batches(store, runs_glob)
     if not groups:
         raise ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")
-    out, evaluable, failures = [], {r.id: [] for r in rules}, {}
-    for data in prefetched(store, groups):
-        for rule in rules:
-            try:
-                alerts, runs_ok = replay_rule(rule, data)
-            except ReplayError as e:
-                failures.setdefault(rule.id, str(e))
-                continue
-            out.append(alerts)
-            evaluable[rule.id] += runs_ok
+    done = replay_all(store, rules, groups)
     # absent from every selected run: an error for the user's rules, a note for the defaults
-    skipped = {rid: why for rid, why in failures.items() if not evaluable[rid]}
+    skipped = {r.id: d.error for r, d in zip(rules, done, strict=True) if d.error}
     if explicit and skipped:
         raise ReplayError(next(iter(skipped.values())))
-    evaluable = {rid: runs for rid, runs in evaluable.items() if rid not in skipped}
-    alerts = pl.concat(out) if out else pl.DataFrame(schema=ALERT_SCHEMA)
+    evaluable = {r.id: d.evaluable for r, d in zip(rules, done, strict=True) if not d.error}
+    alerts = pl.concat([d.alerts for d in done])
     all_runs = [r for g in groups for r in g]
     result = ReplayResult(alerts.sort("run_id", "rule", "step_start"), evaluable, all_runs)
     with store.writer() as w:

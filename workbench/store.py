@@ -471,11 +471,15 @@ def _meta_sql(gen: Path, table: str) -> str:
     return f"SELECT {cols} FROM read_parquet({_sql_str(str(path))})"
 
 
+def _any_file(folder: Path, pattern: str) -> bool:
+    """Whether the glob matches anything (stops at the first match: a store has many parts)."""
+    return folder.exists() and next(folder.glob(pattern), None) is not None
+
+
 def view_statements(root: Path, gen: Path) -> list[str]:
     """CREATE VIEW statements for the documented views over one generation."""
     stmts = [f"CREATE OR REPLACE VIEW _{t} AS {_meta_sql(gen, t)}" for t in schema.META_TABLES]
-    parts = sorted((root / "scalars").glob("*/c*.parquet")) if (root / "scalars").exists() else []
-    if parts:
+    if _any_file(root / "scalars", "*/c*.parquet"):
         glob = _sql_str(str(root / "scalars" / "*" / "c*.parquet"))
         part_sql = f"SELECT * FROM read_parquet({glob})"
     else:
@@ -487,8 +491,7 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         + f" ELSE {len(schema.SOURCE_PRECEDENCE)} END"
     )
     user = aliases.load_user_aliases(root, Path.cwd())
-    event_parts = sorted((root / "events").glob("*/e*.parquet")) if (root / "events").exists() else []
-    if event_parts:
+    if _any_file(root / "events", "*/e*.parquet"):
         event_glob = _sql_str(str(root / "events" / "*" / "e*.parquet"))
         event_sql = (
             f"SELECT e.* EXCLUDE (chunk_id) FROM read_parquet({event_glob}) e "
