@@ -1,18 +1,15 @@
-"""Streamlit entry point: routes to the pages; all logic lives in workbench/."""
+"""Streamlit entry point: routes to the pages listed in workbench.app.PAGES (all logic lives there)."""
 
 from pathlib import Path
 
 import streamlit as st
 
-PAGES = Path(__file__).parent / "workbench" / "pages"
+from workbench.app import PAGES
+
+HERE = Path(__file__).parent
 
 st.set_page_config(page_title="Training-Log Workbench", layout="wide")
 nav = st.navigation(
-    [
-        st.Page(str(PAGES / "runs.py"), title="Runs", icon=":material/table_rows:", default=True),
-        st.Page(str(PAGES / "curves.py"), title="Curves", icon=":material/show_chart:"),
-        st.Page(str(PAGES / "backtest.py"), title="Alerts & backtest", icon=":material/notifications:"),
-        st.Page(str(PAGES / "lineage.py"), title="Lineage", icon=":material/account_tree:"),
-    ]
+    [st.Page(str(HERE / p.path), title=p.title, icon=p.icon, default=i == 0) for i, p in enumerate(PAGES)]
 )
 nav.run()

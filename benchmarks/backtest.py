@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from replay import TAGS, build_store  # noqa: E402
 
+from detectors.backtest import Settings, backtest  # noqa: E402
 from detectors.rules import Rule  # noqa: E402
-from workbench.backtest import Settings, backtest  # noqa: E402
 
 
 def sweep(lo: float, hi: float, log: bool = False) -> list[float]:

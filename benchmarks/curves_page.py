@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from synthetic import write_run  # noqa: E402
 
-from workbench.points import Points  # noqa: E402
 from workbench.store import Store  # noqa: E402
+from workbench.store.points import Points  # noqa: E402
 
 
 def build(root: Path, runs: int, steps: int) -> Store:
@@ -57,7 +57,7 @@ def main() -> None:
 
     runs = [f"run_{i:02d}" for i in range(args.runs)]
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
-    at.switch_page("workbench/pages/curves.py").run()
+    at.switch_page("workbench/app/pages/curves.py").run()
     t0 = time.perf_counter()
     at.multiselect(key="curves_runs").set_value(runs).run()
     cold = time.perf_counter() - t0

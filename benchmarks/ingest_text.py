@@ -49,7 +49,7 @@ def write_log(mb: int) -> Path:
 
 
 def peer(log: Path) -> tuple[float, int]:
-    from ingest.textio import NUM
+    from ingest.lines import NUM
 
     pats = [
         re.compile(

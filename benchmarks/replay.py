@@ -31,10 +31,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from synthetic import write_run  # noqa: E402
 
+from detectors import replay  # noqa: E402
+from detectors.engine import evaluate  # noqa: E402
 from detectors.rules import load_rule_file  # noqa: E402
-from workbench import replay as R  # noqa: E402
-from workbench.points import Points  # noqa: E402
 from workbench.store import Store  # noqa: E402
+from workbench.store.points import Points  # noqa: E402
 
 TAGS = [
     "loss",
@@ -233,15 +234,15 @@ def main() -> None:
 
     t0 = time.perf_counter()
     engine_alerts = []
-    for data in R.prefetched(store, R.batches(store, None)):
+    for data in replay.prefetched(store, replay.batches(store, None)):
         for rule in rules:
-            engine_alerts.append(R.replay_rule(rule, data)[0])
+            engine_alerts.append(evaluate(rule, data)[0])
     t_engine = time.perf_counter() - t0
     import polars as pl
 
     engine = pl.concat(engine_alerts)
 
-    data = R.load(store, [f"run_{i:03d}" for i in range(args.loop_runs)])
+    data = replay.load(store, [f"run_{i:03d}" for i in range(args.loop_runs)])
     t0 = time.perf_counter()
     loop_points = 0
     mismatches = 0

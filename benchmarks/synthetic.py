@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.points import Points
+from workbench.store.points import Points
 
 
 def write_run(w, run_id: str, points: Points) -> None:

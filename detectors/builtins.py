@@ -1,5 +1,5 @@
 """Built-in detectors: one small class each, explicit keyword parameters, defaults from the
-anchors in DETECTORS.md. Most compile to the rule language (so they replay through the same
+public trainers and monitors each docstring names. Most compile to the rule language (so they replay through the same
 engine and are causal by construction); the few that need state (best-so-far, a baseline that
 skips flagged points, per-run layer lookup, events) compute their condition in code.
 
@@ -9,14 +9,14 @@ Every detector has `id`, `params`, `rule()` and `with_params(**kw)`; code detect
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import polars as pl
 from numba import njit
 
+from detectors.engine import ReplayError, SeriesData
+from detectors.language import Name
 from detectors.rules import Rule
 
 
@@ -331,10 +331,7 @@ def _flags_excluding(starts, values, window, k, sign):
     return flags
 
 
-def _series_or_fail(data, metric, rule_id):
-    from detectors.language import Name
-    from workbench.replay import ReplayError
-
+def _series_or_fail(data: SeriesData, metric: str, rule_id: str) -> pl.DataFrame:
     s = data.series(Name(metric, False, 0))
     if s.is_empty():
         raise ReplayError(f"{rule_id}: {metric} found in no selected run; available {data.available()}")
@@ -369,10 +366,7 @@ class GradientFlow(Detector):
     id = "gradient_flow"
 
     def conditions(self, data):
-        from detectors.language import Name
-        from workbench.replay import ReplayError
-
-        t = data._tags.filter(pl.col("tag").str.starts_with(self.layer_prefix))
+        t = data.tags_frame.filter(pl.col("tag").str.starts_with(self.layer_prefix))
         t = t.with_columns(
             layer=pl.col("tag").str.slice(len(self.layer_prefix)).str.extract(r"^(\d+)", 1).cast(pl.Int64)
         )
@@ -553,17 +547,3 @@ BUILTINS: list[Detector] = [
 
 def builtin_rules() -> list[Rule]:
     return [d.rule() for d in BUILTINS]
-
-
-def describe() -> list[dict]:
-    """For `workbench rules`: id, parameters and the first line of each docstring."""
-    return [
-        {
-            "id": r.id,
-            "kind": "built-in",
-            "when": r.when or "(computed in code)",
-            "params": json.dumps(r.params),
-            "description": re.sub(r"\s+", " ", r.description),
-        }
-        for r in builtin_rules()
-    ]

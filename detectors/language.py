@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from workbench.errors import WorkbenchError
+
 # name -> (argument kinds, what it means); "s" = a series expression, "n" = a number
 FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "mean": (("s", "n"), "mean of the n values before this step"),
@@ -34,7 +36,7 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-class RuleSyntaxError(ValueError):
+class RuleSyntaxError(WorkbenchError):
     """A rule text that does not parse; `col` is 1-based."""
 
     def __init__(self, text: str, col: int, message: str):

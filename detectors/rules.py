@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from detectors import language
+from workbench.errors import WorkbenchError
 
 ALLOWED_KEYS = {
     "id",
@@ -39,8 +40,8 @@ ALLOWED_KEYS = {
 }
 
 
-class RuleFileError(ValueError):
-    pass
+class RuleFileError(WorkbenchError):
+    """A rule file or rule text that does not parse; the message points at the rule and column."""
 
 
 @dataclass(frozen=True)
@@ -142,21 +143,44 @@ def rule_from_table(t: dict, where: str) -> Rule:
     return rule
 
 
+def describe(rules: list[Rule]) -> list[dict]:
+    """One row per rule for listing: id, condition, timing, parameters, sweep, description."""
+    return [
+        {
+            "id": r.id,
+            "when": r.when or "(computed in code)",
+            "for_steps": r.for_steps,
+            "cooldown": r.cooldown,
+            "params": json.dumps(r.params),
+            "sweep": json.dumps(r.sweep) if r.sweep else "",
+            "description": " ".join((r.description or "").split()),
+        }
+        for r in rules
+    ]
+
+
 def load_rule_file(path: str | Path) -> list[Rule]:
     """Rules from a TOML file; RuleFileError says what is wrong and where."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise RuleFileError(f"{path}: no such rule file") from None
+    return rules_from_text(text, str(path))
+
+
+def rules_from_text(text: str, where: str = "rules") -> list[Rule]:
+    """Rules from the text of a TOML rule file (`where` names it in messages)."""
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise RuleFileError(f"{path}: not valid TOML: {e}") from None
+        raise RuleFileError(f"{where}: not valid TOML: {e}") from None
     tables = data.get("rule", [])
     if not isinstance(tables, list) or not tables:
-        raise RuleFileError(f"{path}: no [[rule]] tables found")
-    rules = [rule_from_table(t, f"{path}: rule #{i + 1}") for i, t in enumerate(tables)]
+        raise RuleFileError(f"{where}: no [[rule]] tables found")
+    rules = [rule_from_table(t, f"{where}: rule #{i + 1}") for i, t in enumerate(tables)]
     ids = [r.id for r in rules]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
-        raise RuleFileError(f"{path}: duplicate rule ids {dupes}")
+        raise RuleFileError(f"{where}: duplicate rule ids {dupes}")
     return rules

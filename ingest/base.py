@@ -1,16 +1,21 @@
-"""What every format ingestor takes and returns.
+"""The ingestor contract: what every format reader declares, takes and returns.
 
-An ingestor is a small class: `name`, `sniff(path, head)`, `read(path, start, ctx)` yielding
-Batches, and `appendable` (True when a grown file can be read from where the last ingest
-stopped; otherwise a changed file is re-read whole). Discovery, fingerprinting and writing
-live elsewhere.
+Adding a format is one module with one `Ingestor` subclass, one line in `ingest.registry`, and
+one test file. Discovery, fingerprinting, incremental reading and writing live elsewhere; an
+ingestor only recognises its files (`sniff`) and turns bytes into Batches (`read`).
 """
 
 from __future__ import annotations
 
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
 
-from workbench.points import Points
+from workbench.store.points import Points
 
 
 @dataclass
@@ -18,6 +23,17 @@ class Problem:
     offset: int  # byte offset (binary formats) or 1-based line number (text formats)
     kind: str
     message: str
+
+
+@dataclass
+class Evidence:
+    """What a file says about how its run ended; the run's status is its strongest evidence
+    (order: workbench.store.schema.STATUS_EVIDENCE)."""
+
+    status: str  # diverged | crashed | completed | running | incomplete
+    message: str  # in words, e.g. "HF Trainer wrote its final summary"
+    step: int | None = None
+    failure: str | None = None  # the failure kind an automatic label takes from it (crash, oom, ...)
 
 
 @dataclass
@@ -45,6 +61,7 @@ class Batch:
     points: Points = field(default_factory=Points.empty)
     events: list[dict] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)  # the end-of-run evidence hook
     records: int = 0
     config: dict = field(default_factory=dict)  # run configuration found (hparams, ds_config, ...)
     plugins: dict[str, str] = field(default_factory=dict)  # tag -> first-seen plugin
@@ -54,13 +71,47 @@ class Batch:
     state: dict | None = None
 
 
+class Ingestor(ABC):
+    """One log format.
+
+    Class attributes (the declared contract, read by the pipeline, discovery and registry):
+    - `name`: the format's name, stored as each point's `source`.
+    - `precedence`: when two sources of a run log the same tag at the same step, the lower
+      number keeps the current row (10 trainer state files, 20 JSON Lines, 30 TensorBoard,
+      40-60 other structured files, 90 console text); None for formats that write no points.
+    - `appendable`: a grown file is read from where the last ingest stopped (else re-read whole).
+    - `needs_head`: `sniff` looks at the file's first bytes (`head`), not only its path.
+    - `is_config`: the file configures its run (ds_config, hparams); read before the run's logs.
+    - `sub_source`: tools write it into a sub-folder of its run (`tb/`, `monitor_csv/job/`),
+      which then belongs to the parent run instead of being a run of its own.
+    End-of-run evidence (completed, crashed, diverged, ...) travels in `Batch.evidence`.
+    """
+
+    name: ClassVar[str]
+    precedence: ClassVar[int | None] = None
+    appendable: ClassVar[bool] = False
+    needs_head: ClassVar[bool] = False
+    is_config: ClassVar[bool] = False
+    sub_source: ClassVar[bool] = False
+
+    @abstractmethod
+    def sniff(self, path: Path, head: bytes) -> bool:
+        """Whether `path` (whose first bytes are `head` when `needs_head`) is this format."""
+
+    @abstractmethod
+    def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
+        """Batches for the bytes of `path` from `start` on, in file order."""
+
+    def run_folder(self, folder: Path) -> Path | None:
+        """The run that files in `folder` belong to when the format's own layout says so (an
+        MLflow run's `metrics/` and `params/`), else None: discovery decides."""
+        return None
+
+
 def event(
     step, wall_time, kind: str, message: str, attrs: dict | None = None, offset: int | None = None
 ) -> dict:
     """One row for the events table (run_id and path are added by the pipeline)."""
-    import json
-    import math
-
     return {
         "step": None if step is None else int(step),
         "wall_time": None

@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.mlflow import mlflow_run_dir
+from ingest.base import Ingestor
+from workbench.store.layout import is_store
 
 CONTAINER_DIRS = {
     "tb",
@@ -34,7 +35,6 @@ STAMP_PARENTS = {"runs", "monitor_tb", "monitor_csv"}  # their sub-folders are o
 CHECKPOINT_DIR = re.compile(r"checkpoint-\d+|global_step\d+|checkpoints?|last-checkpoint|ckpts?")
 HPARAMS_DIR = re.compile(r"\d{9,11}\.\d+")
 HF_STAMP_DIR = re.compile(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+")
-SUB_SOURCE_FORMATS = {"tensorboard", "deepspeed_monitor_csv"}
 HEAD_BYTES = 4096
 
 
@@ -52,16 +52,10 @@ class Found:
     note: str | None = None
 
 
-def _is_store(d: Path) -> bool:
-    from workbench.store import MARKER
-
-    return (d / MARKER).is_file()
-
-
-def _sniff(path: Path, ingestors) -> str | None:
+def _sniff(path: Path, ingestors: list[Ingestor]) -> str | None:
     head = b""
     for ing in ingestors:
-        if getattr(ing, "needs_head", False) and not head:
+        if ing.needs_head and not head:
             with open(path, "rb") as f:
                 head = f.read(HEAD_BYTES)
         if ing.sniff(path, head):
@@ -69,7 +63,7 @@ def _sniff(path: Path, ingestors) -> str | None:
     return None
 
 
-def discover(root: Path, ingestors) -> Discovery:
+def discover(root: Path, ingestors: list[Ingestor]) -> Discovery:
     """All files under `root` (or `root` itself when it is a file), each with its run folder,
     and the checkpoint folders met on the way."""
     root = root.absolute()
@@ -89,7 +83,7 @@ def discover(root: Path, ingestors) -> Discovery:
             if not n.startswith(".")
             and n != "__pycache__"
             and not CHECKPOINT_DIR.fullmatch(n)
-            and not _is_store(d / n)
+            and not is_store(d / n)
         )
         for name in sorted(filenames):
             p = d / name
@@ -102,16 +96,18 @@ def discover(root: Path, ingestors) -> Discovery:
                 continue
             files.setdefault(d, []).append((p, fmt))
     formats = {d: {f for _, f in items if f and not f.startswith("unreadable")} for d, items in files.items()}
+    sub_sources = {i.name for i in ingestors if i.sub_source}
 
     def owner(d: Path) -> Path:
         if d == root:
             return d
-        mlflow_run = mlflow_run_dir(d / "_")
-        if mlflow_run is not None and (mlflow_run == root or root in mlflow_run.parents):
-            return mlflow_run
+        for ing in ingestors:
+            run = ing.run_folder(d)
+            if run is not None and (run == root or root in run.parents):
+                return run
         fmts = formats.get(d, set())
         parent = d.parent
-        if fmts and fmts <= SUB_SOURCE_FORMATS:
+        if fmts and fmts <= sub_sources:
             if d.name in CONTAINER_DIRS:
                 return owner(parent)
             if (
@@ -122,7 +118,7 @@ def discover(root: Path, ingestors) -> Discovery:
                 return owner(parent.parent)
             if HPARAMS_DIR.fullmatch(d.name) and formats.get(parent):
                 return owner(parent)
-            if formats.get(parent, set()) - SUB_SOURCE_FORMATS:
+            if formats.get(parent, set()) - sub_sources:
                 return owner(parent)
         return d
 

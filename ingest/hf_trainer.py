@@ -1,4 +1,4 @@
-"""Hugging Face Trainer output: `trainer_state.json` and `*_results.json` (FORMATS.md §2).
+"""Hugging Face Trainer output: `trainer_state.json` and `*_results.json`.
 
 `log_history` entries are told apart by their keys: train (has `loss`), eval (any `eval_*`
 key), and the final summary (has `train_runtime`, appended once at the end). Train and eval
@@ -15,9 +15,9 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from ingest.base import Batch, Problem, ReadContext, event
-from ingest.jsonlog import RecordsToPoints
-from ingest.textio import to_float
+from ingest.base import Batch, Evidence, Ingestor, Problem, ReadContext, event
+from ingest.jsonl import RecordsToPoints
+from ingest.lines import to_float
 
 RESULTS_SUFFIX = "_results.json"
 
@@ -32,13 +32,12 @@ def classify(entry: dict) -> str:
     return "other"
 
 
-class HFTrainerIngestor:
+class HFTrainerIngestor(Ingestor):
     name = "hf_trainer"
-    appendable = False
+    precedence = 10
     needs_head = True
 
-    @staticmethod
-    def sniff(path: Path, head: bytes) -> bool:
+    def sniff(self, path: Path, head: bytes) -> bool:
         name = path.name
         if name.endswith("trainer_state.json"):
             return b'"log_history"' in head or b"{" in head[:10]
@@ -86,5 +85,22 @@ class HFTrainerIngestor:
                 batch.events.append(event(int(step), None, "eval", "evaluation", metrics, i))
         batch.points = conv.points()
         batch.config["trainer_state"] = {k: v for k, v in state.items() if k != "log_history"}
+        batch.evidence = _end_of_run(state, "trainer_summary" in batch.config)
         batch.counts = {f"log_history_{k}": v for k, v in kinds.items() if v}
         yield batch
+
+
+def _end_of_run(state: dict, summary: bool) -> list[Evidence]:
+    """The Trainer appends its final summary once, at the end; without it, a global_step short of
+    max_steps means the run stopped early."""
+    step, max_steps = to_float(state.get("global_step")), to_float(state.get("max_steps"))
+    if summary:
+        return [
+            Evidence("completed", "HF Trainer wrote its final summary", None if step is None else int(step))
+        ]
+    if step is None or max_steps is None:
+        return []
+    if step >= max_steps:
+        return [Evidence("completed", f"HF Trainer reached max_steps {max_steps:g}", int(step))]
+    message = f"HF Trainer stopped at global_step {step:g} of max_steps {max_steps:g} with no final summary"
+    return [Evidence("incomplete", message, int(step))]

@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 
 from ingest.base import Problem
-from workbench.schema import OUTCOMES
+from workbench.store.schema import OUTCOMES
 
 
 def read_labels_toml(path: Path) -> tuple[list[dict], list[Problem]]:

@@ -12,18 +12,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest.base import Batch, Problem, ReadContext
-from ingest.textio import flat_yaml, line_blocks, to_float
-from workbench.points import Points
+from ingest.base import Batch, Evidence, Ingestor, Problem, ReadContext
+from ingest.lines import LineIngestor, LineParser, flat_yaml, to_float
+from workbench.store.points import Points
 
 STATUS = {1: "RUNNING", 2: "SCHEDULED", 3: "FINISHED", 4: "FAILED", 5: "KILLED"}
+RUN_STATUS = {"FINISHED": "completed", "FAILED": "crashed", "KILLED": "crashed", "RUNNING": "running"}
 
 
-def mlflow_run_dir(path: Path) -> Path | None:
-    """The run folder when `path` lies in an MLflow run's metrics/params/tags, else None."""
-    for parent in path.parents:
-        if parent.name in ("metrics", "params", "tags") and (parent.parent / "meta.yaml").is_file():
-            return parent.parent
+def mlflow_run_dir(folder: Path) -> Path | None:
+    """The run folder when `folder` lies in an MLflow run's metrics/params/tags, else None."""
+    for d in (folder, *folder.parents):
+        if d.name in ("metrics", "params", "tags") and (d.parent / "meta.yaml").is_file():
+            return d.parent
     return None
 
 
@@ -37,60 +38,68 @@ def _read_values(folder: Path) -> dict:
     }
 
 
-class MlflowMetricIngestor:
-    name = "mlflow"
-    appendable = True
-    needs_head = False
+class _MetricParser(LineParser):
+    def __init__(self, path: Path, ctx: ReadContext):
+        super().__init__(path, ctx)
+        self.walls: list[float] = []
+        self.values: list[float] = []
+        self.steps: list[int] = []
 
-    @staticmethod
-    def sniff(path: Path, head: bytes) -> bool:
-        run = mlflow_run_dir(path)
+    def feed(self, text: str, batch: Batch) -> None:
+        f = text.split()
+        if not f:
+            return
+        ts, v = (to_float(f[0]), to_float(f[1])) if len(f) in (2, 3, 5) else (None, None)
+        step = to_float(f[2]) if len(f) >= 3 else 0.0
+        if ts is None or v is None or step is None:
+            batch.problems.append(
+                Problem(
+                    self.line,
+                    "bad_line",
+                    f"line {self.line}: expected 'timestamp value step', got {text[:80]!r}; skipped",
+                )
+            )
+            return
+        self.walls.append(ts / 1000.0)
+        self.values.append(v)
+        self.steps.append(int(step))
+        batch.records += 1
+
+    def end_block(self, batch: Batch, last: bool) -> None:
+        key = self.path.relative_to(mlflow_run_dir(self.path.parent) / "metrics").as_posix()
+        n = len(self.values)
+        batch.points = Points(
+            [key],
+            np.zeros(n, np.int32),
+            np.array(self.steps, np.int64),
+            np.array(self.walls),
+            np.array(self.values),
+        )
+        if self.walls:
+            batch.first_wall_time = self.walls[0]
+        self.walls, self.values, self.steps = [], [], []
+
+
+class MlflowMetricIngestor(LineIngestor):
+    name = "mlflow"
+    precedence = 40
+    needs_head = False
+    parser = _MetricParser
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        run = mlflow_run_dir(path.parent)
         return run is not None and (run / "metrics") in path.parents
 
-    def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
-        key = path.relative_to(mlflow_run_dir(path) / "metrics").as_posix()
-        line_no = ctx.state.get("line", 0)
-        for b0, b1, lines in line_blocks(path, start):
-            batch = Batch(start=b0, end=b1)
-            walls, values, steps = [], [], []
-            for text in lines:
-                line_no += 1
-                f = text.split()
-                if not f:
-                    continue
-                ts, v = (to_float(f[0]), to_float(f[1])) if len(f) in (2, 3, 5) else (None, None)
-                step = to_float(f[2]) if len(f) >= 3 else 0.0
-                if ts is None or v is None or step is None:
-                    batch.problems.append(
-                        Problem(
-                            line_no,
-                            "bad_line",
-                            f"line {line_no}: expected 'timestamp value step', got {text[:80]!r}; skipped",
-                        )
-                    )
-                    continue
-                walls.append(ts / 1000.0)
-                values.append(v)
-                steps.append(int(step))
-                batch.records += 1
-            n = len(values)
-            batch.points = Points(
-                [key], np.zeros(n, np.int32), np.array(steps, np.int64), np.array(walls), np.array(values)
-            )
-            batch.state = {"line": line_no}
-            if batch.first_wall_time is None and walls:
-                batch.first_wall_time = walls[0]
-            yield batch
+    def run_folder(self, folder: Path) -> Path | None:
+        return mlflow_run_dir(folder)
 
 
-class MlflowRunMetaIngestor:
+class MlflowRunMetaIngestor(Ingestor):
     name = "mlflow_meta"
-    appendable = False
     needs_head = True
     is_config = True
 
-    @staticmethod
-    def sniff(path: Path, head: bytes) -> bool:
+    def sniff(self, path: Path, head: bytes) -> bool:
         return path.name == "meta.yaml" and b"run_id:" in head
 
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
@@ -100,6 +109,9 @@ class MlflowRunMetaIngestor:
             STATUS.get(int(meta["status"]), str(meta["status"])) if to_float(meta.get("status")) else None
         )
         yield Batch(
+            evidence=[Evidence(RUN_STATUS[status], f"MLflow run status {status}")]
+            if status in RUN_STATUS
+            else [],
             start=0,
             end=path.stat().st_size,
             records=1,

@@ -26,12 +26,13 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from ingest import checkpoints
-from ingest.base import Problem, ReadContext
+from ingest import checkpoints, lineage
+from ingest.base import Ingestor, Problem, ReadContext
 from ingest.discover import Found, discover, run_id_for
-from ingest.formats import make_ingestors
 from ingest.labels import read_labels_toml
-from workbench.store import Store, StoreError
+from ingest.registry import make_ingestors, precedence
+from workbench.errors import NotFoundError
+from workbench.store import Store, StoreWriter
 
 SIG_BYTES = 4096
 
@@ -111,8 +112,9 @@ def ingest(
     by_name = {i.name: i for i in ingestors}
     for p in paths:
         if not p.exists():
-            raise StoreError(f"{p}: no such file or folder")
+            raise NotFoundError(f"{p}: no such file or folder")
     with store.writer(wait_s=wait_s) as w:
+        w.set_sources(precedence(ingestors))
         roots = w.table("roots")["root"].to_list()
         work = []
         for root in paths:
@@ -130,7 +132,13 @@ def ingest(
             for folder, run_dir in found.checkpoints:
                 run_id = run_id_for(run_dir, root, base)
                 rows = [{**row, "run_id": run_id} for row in checkpoints.scan(folder, hash_checkpoints)]
-                for row, why in w.set_checkpoints(str(folder), rows):
+                before = w.set_checkpoints(str(folder), rows)
+                changed = [
+                    (r, why)
+                    for r in rows
+                    if r["path"] in before and (why := checkpoints.changes(before[r["path"]], r))
+                ]
+                for row, why in changed:
                     problem = Problem(
                         0, "checkpoint_changed", f"checkpoint changed after it was recorded: {why}"
                     )
@@ -165,21 +173,19 @@ def ingest(
                 w.drop_file(key)
             plans.append((f, run_id, offset, prev if action == "append" else None))
         # configuration first (ds_config, hparams): other files of the run may need it
-        plans.sort(
-            key=lambda p: (p[1], not getattr(by_name[p[0].format], "is_config", False), str(p[0].path))
-        )
+        plans.sort(key=lambda p: (p[1], not by_name[p[0].format].is_config, str(p[0].path)))
         total = sum(max(0, f.path.stat().st_size - off) for f, _, off, _ in plans)
         with _progress(console, total) as progress:
             task = progress.add_task("ingest", total=total)
             for f, run_id, offset, prev in plans:
                 progress.update(task, description=f.path.name[-40:])
                 _read_file(w, by_name[f.format], f, run_id, offset, prev, report, progress, task)
-        w.commit()
+        w.commit(derive={"lineage": lineage.build})
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _read_labels(w, path: Path, root: Path, base: Path, report: IngestReport) -> None:
+def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: IngestReport) -> None:
     rows, problems = read_labels_toml(path)
     w.set_labels(
         str(path.absolute()),
@@ -231,7 +237,17 @@ def _file_row(f: Found, run_id: str, status: str, **kw) -> dict:
     return row
 
 
-def _read_file(w, ingestor, f: Found, run_id, offset, prev, report, progress, task) -> None:
+def _read_file(
+    w: StoreWriter,
+    ingestor: Ingestor,
+    f: Found,
+    run_id: str,
+    offset: int,
+    prev: dict | None,
+    report,
+    progress,
+    task,
+) -> None:
     key = str(f.path)
     st = f.path.stat()
     records = prev["records"] if prev else 0
@@ -261,6 +277,21 @@ def _read_file(w, ingestor, f: Found, run_id, offset, prev, report, progress, ta
                     ],
                 )
                 report.problems.extend((key, p) for p in batch.problems)
+            if batch.evidence:
+                w.add(
+                    "evidence",
+                    [
+                        {
+                            "path": key,
+                            "run_id": run_id,
+                            "status": e.status,
+                            "message": e.message,
+                            "step": e.step,
+                            "failure": e.failure,
+                        }
+                        for e in batch.evidence
+                    ],
+                )
             if batch.plugins:
                 w.add(
                     "plugins", [{"run_id": run_id, "tag": t, "plugin": p} for t, p in batch.plugins.items()]

@@ -1,7 +1,7 @@
 """TensorBoard event files (`*tfevents*`): scalars, text, hparams, restarts.
 
 Scalars in all four encodings (simple_value; a one-element `scalars` tensor with float_val,
-double_val or tensor_content), decoded in bulk by `ingest.tfrecord`. Text summaries become
+double_val or tensor_content), decoded in bulk by `ingest.tfevents`. Text summaries become
 `text` events, hparams become the run's config, SessionLog START/CHECKPOINT become `resume` /
 `checkpoint` events. Histograms, images and audio are counted, not stored.
 
@@ -19,23 +19,26 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest import tfrecord as T
-from ingest.base import Batch, Problem, ReadContext, event
-from workbench.points import Points
+from ingest import tfevents
+from ingest.base import Batch, Evidence, Ingestor, Problem, ReadContext, event
+from ingest.framing import CRC_TABLES, frame_records
+from workbench.store.points import Points
 
 BLOCK_BYTES = 64 << 20  # bounded memory: a file is decoded this many bytes at a time
 PARALLEL_MIN_RECORDS = 20_000  # below this, a second thread costs more than it saves
 
 _SESSION_STATUS = {1: "START", 2: "STOP", 3: "CHECKPOINT"}
 _HPARAMS_END_STATUS = {0: "UNKNOWN", 1: "SUCCESS", 2: "FAILURE", 3: "RUNNING"}
+_END_STATUS = {"SUCCESS": "completed", "FAILURE": "crashed"}  # the run's status they are evidence of
 
 
-class TensorBoardIngestor:
+class TensorBoardIngestor(Ingestor):
     name = "tensorboard"
+    precedence = 30
     appendable = True
+    sub_source = True
 
-    @staticmethod
-    def sniff(path: Path, head: bytes) -> bool:
+    def sniff(self, path: Path, head: bytes) -> bool:
         # TensorBoard's IsSummaryEventsFile: "tfevents" in the name, profiler placeholders excluded
         return "tfevents" in path.name and not path.name.endswith(".profile-empty")
 
@@ -56,7 +59,7 @@ class TensorBoardIngestor:
                     return
                 at_eof = len(data) < block
                 buf = np.frombuffer(data, dtype=np.uint8)
-                offs, lens, end, gaps = T.frame_records(buf, len(buf), T.CRC_TABLES)
+                offs, lens, end, gaps = frame_records(buf, len(buf), CRC_TABLES)
                 if len(offs) == 0 and len(gaps) == 0 and not at_eof:
                     block *= 2  # one record larger than a block: read more
                     continue
@@ -89,7 +92,7 @@ class TensorBoardIngestor:
         for lo, (status, what, wall, step, sess, vals, fvals) in self._decode_parallel(buf, offs, lens):
             o, ln = offs[lo : lo + len(status)], lens[lo : lo + len(status)]
             self._record_problems(batch, base, o, ln, status)
-            good = status == T.REC_OK
+            good = status == tfevents.REC_OK
             if batch.first_wall_time is None and good.any():
                 batch.first_wall_time = float(wall[np.flatnonzero(good)[0]])
             self._session_events(batch, buf, base, o, ln, what, sess, wall, step, good)
@@ -103,12 +106,12 @@ class TensorBoardIngestor:
         """[(first record index, decode_records output)] for consecutive record ranges."""
         n = len(offs)
         if self.threads < 2 or n < PARALLEL_MIN_RECORDS:
-            return [(0, T.decode_records(buf, offs, lens, self.check_crc, T.CRC_TABLES))]
+            return [(0, tfevents.decode_records(buf, offs, lens, self.check_crc, CRC_TABLES))]
         cuts = np.linspace(0, n, self.threads + 1).astype(np.int64)
         with ThreadPoolExecutor(self.threads) as pool:
             outs = pool.map(
-                lambda ab: T.decode_records(
-                    buf, offs[ab[0] : ab[1]], lens[ab[0] : ab[1]], self.check_crc, T.CRC_TABLES
+                lambda ab: tfevents.decode_records(
+                    buf, offs[ab[0] : ab[1]], lens[ab[0] : ab[1]], self.check_crc, CRC_TABLES
                 ),
                 zip(cuts[:-1], cuts[1:], strict=True),
             )
@@ -116,7 +119,7 @@ class TensorBoardIngestor:
 
     @staticmethod
     def _record_problems(batch, base, offs, lens, status):
-        for i in np.flatnonzero(status == T.REC_BAD_DATA_CRC):
+        for i in np.flatnonzero(status == tfevents.REC_BAD_DATA_CRC):
             batch.problems.append(
                 Problem(
                     base + int(offs[i]),
@@ -125,7 +128,7 @@ class TensorBoardIngestor:
                     f"(length {int(lens[i])}); record skipped, reading continued",
                 )
             )
-        for i in np.flatnonzero(status == T.REC_BAD_PROTO):
+        for i in np.flatnonzero(status == tfevents.REC_BAD_PROTO):
             batch.problems.append(
                 Problem(
                     base + int(offs[i]),
@@ -135,7 +138,7 @@ class TensorBoardIngestor:
             )
 
     def _session_events(self, batch, buf, base, offs, lens, what, sess, wall, step, good):
-        for i in np.flatnonzero(good & (what == T.EV_SESSION_LOG)):
+        for i in np.flatnonzero(good & (what == tfevents.EV_SESSION_LOG)):
             status = _SESSION_STATUS.get(int(sess[i]))
             if status == "START" and step[i] > 0:
                 batch.events.append(
@@ -156,42 +159,46 @@ class TensorBoardIngestor:
                         base + offs[i],
                     )
                 )
-        batch.counts["graphs"] = batch.counts.get("graphs", 0) + int((good & (what == T.EV_GRAPH)).sum())
+        batch.counts["graphs"] = batch.counts.get("graphs", 0) + int(
+            (good & (what == tfevents.EV_GRAPH)).sum()
+        )
 
     def _values(self, batch, buf, base, offs, lens, wall, step, vals, fvals, plugins) -> Points:
-        hashes = vals[:, T.VC_TAG_HASH]
+        hashes = vals[:, tfevents.VC_TAG_HASH]
         uniq, first, group = np.unique(hashes, return_index=True, return_inverse=True)
-        rep_off = vals[first, T.VC_TAG_OFF]
-        rep_len = vals[first, T.VC_TAG_LEN]
-        if not T.tags_equal(buf, vals, rep_off, rep_len, group):
+        rep_off = vals[first, tfevents.VC_TAG_OFF]
+        rep_len = vals[first, tfevents.VC_TAG_LEN]
+        if not tfevents.tags_equal(buf, vals, rep_off, rep_len, group):
             # a 64-bit hash collision between two tag names: group by the bytes themselves
-            names_all = [bytes(buf[o : o + n]) for o, n in vals[:, [T.VC_TAG_OFF, T.VC_TAG_LEN]]]
+            names_all = [
+                bytes(buf[o : o + n]) for o, n in vals[:, [tfevents.VC_TAG_OFF, tfevents.VC_TAG_LEN]]
+            ]
             uniq_names, first, group = np.unique(
                 np.array(names_all, dtype=object), return_index=True, return_inverse=True
             )
         tags = [
             _utf8(buf[o : o + n])
-            for o, n in zip(vals[first, T.VC_TAG_OFF], vals[first, T.VC_TAG_LEN], strict=True)
+            for o, n in zip(vals[first, tfevents.VC_TAG_OFF], vals[first, tfevents.VC_TAG_LEN], strict=True)
         ]
         # the first metadata seen for a tag decides its plugin, for the whole run
-        with_plugin = np.flatnonzero(vals[:, T.VC_PLUGIN_OFF] >= 0)
+        with_plugin = np.flatnonzero(vals[:, tfevents.VC_PLUGIN_OFF] >= 0)
         g_with, first_with = np.unique(group[with_plugin], return_index=True)
         tag_plugin = [plugins.get(t) for t in tags]
         for g, k in zip(g_with, with_plugin[first_with], strict=True):
             if tag_plugin[g] is None:
-                o, n = vals[k, T.VC_PLUGIN_OFF], vals[k, T.VC_PLUGIN_LEN]
+                o, n = vals[k, tfevents.VC_PLUGIN_OFF], vals[k, tfevents.VC_PLUGIN_LEN]
                 tag_plugin[g] = _utf8(buf[o : o + n])
                 batch.plugins[tags[g]] = tag_plugin[g]
                 plugins[tags[g]] = tag_plugin[g]
         plugin_arr = np.array([p or "" for p in tag_plugin], dtype=object)
-        kind = vals[:, T.VC_KIND]
+        kind = vals[:, tfevents.VC_KIND]
         is_scalar_plugin = (plugin_arr == "scalars")[group]
-        scalar = (kind == T.V_SIMPLE) | ((kind == T.V_TENSOR_NUM) & is_scalar_plugin)
-        rec = vals[:, T.VC_REC]
+        scalar = (kind == tfevents.V_SIMPLE) | ((kind == tfevents.V_TENSOR_NUM) & is_scalar_plugin)
+        rec = vals[:, tfevents.VC_REC]
         sel = np.flatnonzero(scalar)
         points = Points(tags, group[sel], step[rec[sel]], wall[rec[sel]], fvals[sel])
         # non-scalar values: text and hparams are decoded in full, the rest counted
-        is_text = (plugin_arr == "text")[group] & (kind == T.V_TENSOR_STR)
+        is_text = (plugin_arr == "text")[group] & (kind == tfevents.V_TENSOR_STR)
         is_hparams = (plugin_arr == "hparams")[group]
         for k in np.flatnonzero(is_text):
             i = rec[k]
@@ -203,13 +210,23 @@ class TensorBoardIngestor:
         for i in np.unique(rec[is_hparams]):
             ev = _fullevent(buf, offs[i], lens[i])
             if ev is not None:
-                batch.config.update(_hparams_of(ev))
+                hp = _hparams_of(ev)
+                batch.config.update(hp)
+                if hp.get("session_status") in _END_STATUS:
+                    status = hp["session_status"]
+                    batch.evidence.append(
+                        Evidence(_END_STATUS[status], f"hparams session_end_info: {status}", int(step[i]))
+                    )
         other = ~scalar & ~is_text & ~is_hparams
-        tensor = (kind == T.V_TENSOR_NUM) | (kind == T.V_TENSOR_STR) | (kind == T.V_TENSOR_OTHER)
+        tensor = (
+            (kind == tfevents.V_TENSOR_NUM)
+            | (kind == tfevents.V_TENSOR_STR)
+            | (kind == tfevents.V_TENSOR_OTHER)
+        )
         for name, mask in (
-            ("histograms", kind == T.V_HISTO),
-            ("images", kind == T.V_IMAGE),
-            ("audio", kind == T.V_AUDIO),
+            ("histograms", kind == tfevents.V_HISTO),
+            ("images", kind == tfevents.V_IMAGE),
+            ("audio", kind == tfevents.V_AUDIO),
             ("other_tensors", tensor),
         ):
             batch.counts[name] = batch.counts.get(name, 0) + int((mask & other).sum())

@@ -2,7 +2,7 @@
 
 One line parser for all of them, because real logs mix them (a Megatron-DeepSpeed run prints
 iteration lines *and* DeepSpeed OVERFLOW notices; an HF run with DeepSpeed prints both kinds of
-progress). Regexes and semantics are FORMATS.md §3-5; the rules that shape them:
+progress). The rules that shape the patterns:
 - Each line is cleaned as a terminal shows it (text after the last `\\r`, no ANSI codes) and
   patterns are *searched*, because tqdm bars are glued to the front of records.
 - The current step is the last step a line stated (`step=`, `global_step=`, `iteration N/`,
@@ -22,12 +22,11 @@ from __future__ import annotations
 import ast
 import functools
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
-from ingest.base import Batch, Problem, ReadContext, event
-from ingest.textio import NUM, is_settled, line_blocks, list_ahead, read_head, strip_line, to_float
-from workbench.points import PointsBuilder
+from ingest.base import Batch, Evidence, Problem, ReadContext, event
+from ingest.lines import NUM, LineIngestor, LineParser, is_settled, read_head, strip_line, to_float
+from workbench.store.points import PointsBuilder
 
 SNIFF_BYTES = 1 << 20  # the script dump at the top of a nanoGPT log can be long
 
@@ -120,12 +119,13 @@ def _num(s: str | None) -> float | None:
     return None if s is None else float(s)
 
 
-class _Parser:
-    """Per-file parser state; `feed` one cleaned line at a time."""
+class _Parser(LineParser):
+    """Per-file parser state; `feed` one line at a time."""
 
-    def __init__(self, state: dict):
+    def __init__(self, path: Path, ctx: ReadContext):
+        super().__init__(path, ctx)
+        state = ctx.state
         self.step = state.get("step")
-        self.line = state.get("line", 0)
         self.no_step = state.get("no_step", 0)
         self.pending = state.get("pending", [])  # overflow notices waiting for their step
         self.builder = PointsBuilder()
@@ -136,6 +136,7 @@ class _Parser:
         self.flops: dict | None = None
         self.last_crash: dict | None = None
         self.kinds: dict[str, int] = {}  # records parsed, by kind (kept in the file's contents)
+        self.no_step_reported = self.no_step
 
     def state(self) -> dict:
         return {"step": self.step, "line": self.line, "no_step": self.no_step, "pending": self.pending}
@@ -167,9 +168,26 @@ class _Parser:
                 self.point("derived/loss_scale", p["attrs"]["new_scale"], self.step)
         self.pending = []
 
+    def end_block(self, batch: Batch, last: bool) -> None:
+        if last and self.pending and is_settled(self.path):
+            self.place_pending_at_end()
+        batch.points = self.builder.take()
+        batch.events, self.events = self.events, []
+        batch.problems, self.problems = self.problems, []
+        batch.config, self.config = self.config, {}
+        batch.records, self.records = self.records, 0
+        batch.evidence = [
+            _evidence(e) for e in batch.events if e["kind"] in ("min_loss_scale", "crash", "oom")
+        ]
+        if self.pending:
+            batch.note = f"{len(self.pending)} OVERFLOW notices wait for the next line that states a step"
+        batch.counts, self.kinds = self.kinds, {}
+        if self.no_step > self.no_step_reported:
+            batch.counts["values_before_first_step"] = self.no_step - self.no_step_reported
+            self.no_step_reported = self.no_step
+
     # ------------------------------------------------------------------------------------
-    def feed(self, raw: str) -> None:
-        self.line += 1
+    def feed(self, raw: str, batch: Batch) -> None:
         line = strip_line(raw)
         if not line.strip():
             return
@@ -425,13 +443,12 @@ class _Parser:
         return False
 
 
-class TextLogIngestor:
+class TextLogIngestor(LineIngestor):
     name = "text_log"
-    appendable = True
-    needs_head = True
+    precedence = 90
+    parser = _Parser
 
-    @staticmethod
-    def sniff(path: Path, head: bytes) -> bool:
+    def sniff(self, path: Path, head: bytes) -> bool:
         name = path.name.lower().removesuffix(".gz")
         if not (name.endswith(TEXT_SUFFIXES) or "stdout" in name or "stderr" in name):
             return False
@@ -439,27 +456,15 @@ class TextLogIngestor:
         lines = [strip_line(line) for line in text.splitlines()]
         return any(p.search(line) for p in SNIFF for line in lines)
 
-    def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
-        parser = _Parser(ctx.state)
-        blocks = list_ahead(line_blocks(path, start))
-        for (b0, b1, lines), last in blocks:
-            batch = Batch(start=b0, end=b1)
-            no_step_before = parser.no_step
-            for raw in lines:
-                parser.feed(raw)
-            if last and parser.pending and is_settled(path):
-                parser.place_pending_at_end()
-            batch.points = parser.builder.take()
-            batch.events, parser.events = parser.events, []
-            batch.problems, parser.problems = parser.problems, []
-            batch.config, parser.config = parser.config, {}
-            batch.records, parser.records = parser.records, 0
-            batch.state = parser.state()
-            if parser.pending:
-                batch.note = (
-                    f"{len(parser.pending)} OVERFLOW notices wait for the next line that states a step"
-                )
-            batch.counts, parser.kinds = parser.kinds, {}
-            if parser.no_step > no_step_before:
-                batch.counts["values_before_first_step"] = parser.no_step - no_step_before
-            yield batch
+
+def _evidence(e: dict) -> Evidence:
+    """How a run ended, from a min-loss-scale exit, a traceback or an out-of-memory line."""
+    if e["kind"] == "min_loss_scale":
+        where = "?" if e["step"] is None else e["step"]
+        return Evidence(
+            "diverged",
+            f"loss scale hit its minimum (DeepSpeed exit) at step {where}",
+            e["step"],
+            "fp16_overflow",
+        )
+    return Evidence("crashed", f"crash in the log: {e['message']}", e["step"], e["kind"])

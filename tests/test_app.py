@@ -31,7 +31,7 @@ def app(sample_store, monkeypatch):
     def open_page(page: str | None = None) -> AppTest:
         at = AppTest.from_file(APP, default_timeout=60).run()
         if page:
-            at.switch_page(f"workbench/pages/{page}.py").run()
+            at.switch_page(f"workbench/app/pages/{page}.py").run()
         assert not at.exception, [e.message for e in at.exception]
         return at
 
@@ -86,9 +86,9 @@ def test_curves_page_smoothing_log_tags(app):
 
 
 def test_curves_show_stored_alerts_and_events(app, sample_store):
-    from workbench.replay import run_replay
+    from detectors.replay import replay
 
-    run_replay(sample_store, None, None)
+    replay(sample_store, None, None)
     at = app("curves")
     at.multiselect(key="curves_runs").set_value(["fp16_overflow_storm", "attention_collapse"]).run()
     names = [t.get("name") for t in figure(at)["data"]]
@@ -131,7 +131,7 @@ def test_every_page_without_a_store_says_how_to_make_one(tmp_path, monkeypatch, 
     monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "none"))
     at = AppTest.from_file(APP, default_timeout=60).run()
     if page:
-        at.switch_page(f"workbench/pages/{page}.py").run()
+        at.switch_page(f"workbench/app/pages/{page}.py").run()
     assert not at.exception and "workbench ingest" in at.info[0].value
 
 
@@ -144,5 +144,5 @@ def test_store_without_labels_alerts_or_lineage_shows_empty_states(tmp_path, mon
     monkeypatch.setenv("WORKBENCH_STORE", str(store.root))
     for page, text in (("backtest", "No labelled runs"), ("lineage", "No lineage")):
         at = AppTest.from_file(APP, default_timeout=60).run()
-        at.switch_page(f"workbench/pages/{page}.py").run()
+        at.switch_page(f"workbench/app/pages/{page}.py").run()
         assert not at.exception and text in at.info[0].value

@@ -15,9 +15,9 @@ import polars as pl
 import pytest
 from conftest import ingest_paths
 
+from detectors.backtest import RULE_FIELDS, RunInfo, Settings, backtest, best_under_budget, frontier, score
+from detectors.engine import ALERT_SCHEMA
 from detectors.rules import Rule
-from workbench.backtest import RULE_FIELDS, RunInfo, Settings, backtest, best_under_budget, frontier, score
-from workbench.replay import ALERT_SCHEMA
 from workbench.store import Store
 
 ROOT = Path(__file__).parent.parent

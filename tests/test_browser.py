@@ -38,11 +38,11 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from workbench.replay import run_replay
+    from detectors.replay import replay
 
     store = Store(tmp_path_factory.mktemp("browser") / "store")
     ingest_paths(store, ROOT / "sample_runs")
-    run_replay(store, None, None)
+    replay(store, None, None)
     port = free_port()
     env = {**os.environ, "WORKBENCH_STORE": str(store.root)}
     proc = subprocess.Popen(

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench import charts
+from workbench.app import charts
 
 
 def tensorboard_smoothing(values, weight):

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detectors import builtins as B
+from detectors.engine import ReplayError, SeriesData, evaluate
 from detectors.rules import Rule
-from workbench.replay import ReplayError, SeriesData, replay_rule
 
 NAN, INF = float("nan"), float("inf")
 
@@ -45,7 +45,7 @@ def data(runs: dict, metrics: dict | None = None, events: list | None = None) ->
 
 
 def fired(rule, d) -> list[tuple]:
-    alerts, _ = replay_rule(rule, d)
+    alerts, _ = evaluate(rule, d)
     return [
         (r["run_id"], r["step_start"], r["step_fired"], r["step_end"]) for r in alerts.iter_rows(named=True)
     ]
@@ -108,7 +108,7 @@ def test_ema_delta_pct_change_slope_max_first():
     assert fired(Rule("t", "pct_change(g, 1) < -0.5"), d) == [("r", 5, 5, 5)]
     # slope per step, on irregular steps
     lin = data({"r": {"x": [(0, 0.0), (10, 1.0), (30, 3.0), (31, 3.1)]}})
-    frame, _, _ = __import__("workbench.replay", fromlist=["conditions"]).conditions(
+    frame, _, _ = __import__("detectors.engine", fromlist=["conditions"]).conditions(
         Rule("t", "slope(x, 3) > 0.099"), lin
     )
     assert frame["cond"].to_list() == [False, False, True, True]
@@ -125,7 +125,7 @@ def test_empty_and_single_point_runs():
 
 def test_glob_evaluates_each_tag_and_alerts_carry_it():
     d = data({"r": {"gn/layer_0": [1, 1e-9, 1e-9], "gn/layer_1": [1, 1, 1e-9], "loss": [1, 1, 1]}})
-    alerts, runs = replay_rule(Rule("t", "`gn/layer_*` < 1e-8 and loss > 0"), d)
+    alerts, runs = evaluate(Rule("t", "`gn/layer_*` < 1e-8 and loss > 0"), d)
     assert [(r["tag"], r["step_start"]) for r in alerts.iter_rows(named=True)] == [
         ("gn/layer_0", 1),
         ("gn/layer_1", 2),
@@ -135,13 +135,13 @@ def test_glob_evaluates_each_tag_and_alerts_carry_it():
 
 def test_metric_names_resolve_through_aliases_and_absence_rules():
     d = data({"a": {"train/loss": [1, 9]}, "b": {"other": [1, 2]}}, metrics={"train/loss": "loss"})
-    alerts, runs = replay_rule(Rule("t", "loss > 5"), d)
+    alerts, runs = evaluate(Rule("t", "loss > 5"), d)
     assert runs == ["a"] and alerts["run_id"].to_list() == ["a"]  # b is not evaluable, counted
     with pytest.raises(ReplayError, match="grad_norm found in no selected run.*Available metrics: loss"):
-        replay_rule(Rule("t", "grad_norm > 5"), d)
+        evaluate(Rule("t", "grad_norm > 5"), d)
     slash = data({"a": {"grad_norm/layer_0": [1, 2]}})
     with pytest.raises(ReplayError, match=r"Did you mean `grad_norm/layer_0`\?"):
-        replay_rule(Rule("t", "grad_norm/layer_0 > 5"), slash)
+        evaluate(Rule("t", "grad_norm/layer_0 > 5"), slash)
 
 
 def test_p1_truth_table():
@@ -230,8 +230,8 @@ def test_truncating_a_run_never_changes_what_fired_before_the_cut(x, y, cut, str
     part = data({"r": {"x": [p for p in xs if p[0] < cut], "y": [p for p in ys if p[0] < cut]}})
     for rule in CAUSAL_RULES:
         try:
-            a_full, _ = replay_rule(rule, full)
-            a_part, _ = replay_rule(rule, part)
+            a_full, _ = evaluate(rule, full)
+            a_part, _ = evaluate(rule, part)
         except ReplayError:
             continue  # a metric absent from the truncated run
         before = fired_before(cut)
@@ -240,7 +240,7 @@ def test_truncating_a_run_never_changes_what_fired_before_the_cut(x, y, cut, str
 
 def test_alert_fields_and_message():
     d = data({"r": {"loss": [1, 1, 7]}})
-    alerts, _ = replay_rule(Rule("t", "loss > k", params={"k": 5}, severity="critical"), d)
+    alerts, _ = evaluate(Rule("t", "loss > k", params={"k": 5}, severity="critical"), d)
     row = alerts.row(0, named=True)
     assert row["value"] == 7 and row["severity"] == "critical" and json.loads(row["params"]) == {"k": 5}
     assert row["message"] == "t: loss=7.0" and not math.isnan(row["value"])

@@ -7,7 +7,8 @@ from conftest import DATA, ingest_paths, q
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest import tfrecord as T
+from ingest import tfevents
+from ingest.framing import CRC_TABLES, frame_records
 
 ORIGINAL = (DATA / "generated/tbx_run/run_a/events.out.tfevents.1796036286.vm").read_bytes()
 NATIVE = (DATA / "generated/tb_native_run/events.out.tfevents.1796036290.vm.17224.0").read_bytes()
@@ -49,9 +50,9 @@ def test_damaged_file_never_raises_and_invents_nothing(tmp_path_factory, damage,
 def test_kernels_survive_arbitrary_bytes_without_crc(data, prefix):
     """With CRC checks off, garbage reaches the protobuf decoder: it must stay in bounds."""
     buf = np.frombuffer(prefix + data, np.uint8)
-    offs, lens, end, gaps = T.frame_records(buf, len(buf), T.CRC_TABLES)
+    offs, lens, end, gaps = frame_records(buf, len(buf), CRC_TABLES)
     assert 0 <= end <= len(buf)
-    T.decode_records(buf, offs, lens, False, T.CRC_TABLES)
+    tfevents.decode_records(buf, offs, lens, False, CRC_TABLES)
     # also decode arbitrary bytes as if they were a record payload
     framed = np.concatenate([np.zeros(12, np.uint8), buf, np.zeros(4, np.uint8)])
-    T.decode_records(framed, np.array([0]), np.array([len(buf)]), False, T.CRC_TABLES)
+    tfevents.decode_records(framed, np.array([0]), np.array([len(buf)]), False, CRC_TABLES)

@@ -13,7 +13,7 @@ import pytest
 from conftest import DATA, ingest_paths, q
 from writers import tbx_scalars
 
-from workbench import lineage
+from ingest import lineage
 from workbench.store import Store
 
 ROOT = Path(__file__).parent.parent
@@ -161,8 +161,8 @@ def test_lineage_cli_tree_and_stitch(samples):
 
 
 def test_backtest_reports_recovery_outcomes_per_rule(samples):
+    from detectors.backtest import Settings, backtest
     from detectors.rules import Rule
-    from workbench.backtest import Settings, backtest
 
     rules = [
         Rule("spike", "loss > mean(loss, 100) + 3 * std(loss, 100)"),

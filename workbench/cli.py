@@ -1,21 +1,33 @@
-"""The `workbench` command: a thin shell over the library (parse, call, format)."""
+"""The `workbench` command: a thin shell over the library (parse, call one function, render).
+
+Errors users can act on are `WorkbenchError`s, turned into `error: <message>` and the error's
+exit code in one place (`WorkbenchGroup.invoke`). Imports of the heavy layers happen inside the
+commands, so `--help` and small commands start quickly.
+"""
 
 from __future__ import annotations
 
-import csv
-import io
 import sys
 from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
-from workbench.store import Store, StoreError
+from workbench.errors import NotFoundError, WorkbenchError
 
 STORE_HELP = "Store folder (default: $WORKBENCH_STORE or .workbench/)."
 FORMATS = click.Choice(["table", "csv", "json"])
 err = Console(stderr=True)
+
+
+class WorkbenchGroup(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except WorkbenchError as e:
+            err.print(f"[red]error:[/] {escape(str(e))}", highlight=False)
+            sys.exit(e.exit_code)
 
 
 def _store_option(f):
@@ -43,12 +55,21 @@ def _rules_option(f):
     )(f)
 
 
-def _fail(message: str, code: int = 2):
-    err.print(f"[red]error:[/] {message}", highlight=False)
-    sys.exit(code)
+def _load_rules(rules_file):
+    from detectors.rules import load_rule_file
+
+    return None if rules_file is None else load_rule_file(rules_file)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def _store(store):
+    from workbench.store import Store
+
+    return Store(store)
+
+
+@click.group(
+    cls=WorkbenchGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
 @click.version_option(package_name="training-log-workbench")
 def main():
     """Training-log workbench: ingest training logs into one store, query them, and
@@ -97,22 +118,19 @@ def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s):
     from ingest.pipeline import ingest as run_ingest
     from ingest.pipeline import print_report
 
-    try:
-        report = run_ingest(
-            list(paths),
-            Store(store),
-            check_crc=not no_crc,
-            hash_checkpoints=hash_checkpoints,
-            wait_s=wait_s,
-            console=err,
-        )
-    except StoreError as e:
-        _fail(str(e))
+    report = run_ingest(
+        list(paths),
+        _store(store),
+        check_crc=not no_crc,
+        hash_checkpoints=hash_checkpoints,
+        wait_s=wait_s,
+        console=err,
+    )
     print_report(report, err)
     if report.log_files == 0:
-        _fail(
-            f"no log files found under {', '.join(map(str, paths))} "
-            "(looked for TensorBoard event files); check the path"
+        raise NotFoundError(
+            f"no log files found under {', '.join(map(str, paths))}; check the path "
+            "(formats read: workbench ingest --help, and the README's format list)"
         )
     if strict and report.problems:
         sys.exit(1)
@@ -128,14 +146,17 @@ def sql(query, store, fmt):
     \b
     Views: runs, files, scalars (current points, unique on run_id, tag, step),
     scalars_all (every stored point, with source, segment, superseded),
-    events, problems.
+    events, problems, checkpoints, lineage, labels, alerts, file_tags.
 
     \b
     Example:
       workbench sql "SELECT tag, count(*) FROM scalars WHERE run_id = 'run_a' GROUP BY tag"
       workbench sql "SELECT * FROM scalars_all WHERE superseded" --format csv
     """
-    _print_query(Store(store), query, fmt)
+    from workbench import render
+    from workbench.store.query import run_query
+
+    render.query_text(run_query(_store(store), query, "json" if fmt == "json" else "csv"), fmt)
 
 
 @main.command()
@@ -148,12 +169,10 @@ def runs(store, fmt):
     Example:
       workbench runs --format csv
     """
-    _print_query(
-        Store(store),
-        "SELECT run_id, status, formats, files, segments, points, tags, first_step, last_step, "
-        "problems, evidence FROM runs ORDER BY run_id",
-        fmt,
-    )
+    from workbench import render
+    from workbench.store.query import RUNS_SQL, run_query
+
+    render.query_text(run_query(_store(store), RUNS_SQL, "json" if fmt == "json" else "csv"), fmt)
 
 
 @main.command()
@@ -167,20 +186,12 @@ def tags(run, store, fmt):
     Example:
       workbench tags run_a
     """
-    s = Store(store)
-    lit = "'" + run.replace("'", "''") + "'"
-    q = (
-        "SELECT tag, metric, count(*) AS points, min(step) AS first_step, max(step) AS last_step, "
-        "count(*) FILTER (WHERE NOT isfinite(value)) AS non_finite "
-        f"FROM scalars WHERE run_id = {lit} GROUP BY tag, metric ORDER BY tag"
-    )
-    try:
-        known = s.connect().execute(f"SELECT count(*) FROM runs WHERE run_id = {lit}").fetchall()[0][0]
-    except StoreError as e:
-        _fail(str(e))
-    if not known:
-        _fail(f"no run {run!r} in {s.root}; list them with: workbench runs")
-    _print_query(s, q, fmt)
+    from workbench import render
+    from workbench.store.query import TAGS_SQL, require_run, run_query
+
+    s = _store(store)
+    require_run(s, run)
+    render.query_text(run_query(s, TAGS_SQL, "json" if fmt == "json" else "csv", [run]), fmt)
 
 
 @main.command()
@@ -198,41 +209,17 @@ def label(run, outcome, onset, kind, note, store):
       workbench label exp1 --outcome failed --onset 424 --kind divergence_nan
       workbench sql "SELECT * FROM labels"
     """
-    from workbench.store import CLI_LABEL_ORIGIN
+    from workbench.store.query import require_run
 
-    s = Store(store)
-    lit = "'" + run.replace("'", "''") + "'"
-    try:
-        known = s.connect().execute(f"SELECT count(*) FROM runs WHERE run_id = {lit}").fetchall()[0][0]
-    except StoreError as e:
-        _fail(str(e))
-    if not known:
-        _fail(f"no run {run!r} in {s.root}; list them with: workbench runs")
+    s = _store(store)
+    require_run(s, run)
     if outcome == "failed" and onset is None:
         err.print("note: a failed run without --onset is counted, but gives no lead time", highlight=False)
-    try:
-        with s.writer() as w:
-            w.set_labels(
-                CLI_LABEL_ORIGIN,
-                [{"run_id": run, "outcome": outcome, "onset": onset, "kind": kind, "note": note}],
-            )
-            w.commit()
-    except StoreError as e:
-        _fail(str(e))
+    s.label(run, outcome, onset, kind, note)
     err.print(
-        f"labelled {run}: {outcome}" + (f" at step {onset}" if onset is not None else ""), highlight=False
+        f"labelled {escape(run)}: {outcome}" + (f" at step {onset}" if onset is not None else ""),
+        highlight=False,
     )
-
-
-def _load_rules(rules_file):
-    from detectors.rules import RuleFileError, load_rule_file
-
-    if rules_file is None:
-        return None
-    try:
-        return load_rule_file(rules_file)
-    except RuleFileError as e:
-        _fail(str(e), 1)
 
 
 @main.command()
@@ -246,26 +233,13 @@ def rules(rules_file, fmt):
       workbench rules
       workbench rules --rules my_rules.toml --format csv
     """
-    import json as _json
-
     import polars as pl
 
-    from workbench.replay import default_rules
+    from detectors.replay import default_rules
+    from detectors.rules import describe
+    from workbench import render
 
-    loaded = _load_rules(rules_file) or default_rules()
-    rows = [
-        {
-            "id": r.id,
-            "when": r.when or "(computed in code)",
-            "for_steps": r.for_steps,
-            "cooldown": r.cooldown,
-            "params": _json.dumps(r.params),
-            "sweep": _json.dumps(r.sweep) if r.sweep else "",
-            "description": " ".join((r.description or "").split()),
-        }
-        for r in loaded
-    ]
-    _print_frame(pl.DataFrame(rows), fmt)
+    render.frame(pl.DataFrame(describe(_load_rules(rules_file) or default_rules())), fmt)
 
 
 @main.command()
@@ -286,40 +260,11 @@ def replay(rules_file, runs_glob, store):
       workbench replay --rules detectors/guides.toml --runs 'exp*'
       workbench sql "SELECT rule, run_id, step_fired, message FROM alerts ORDER BY step_fired"
     """
-    import polars as pl
+    from detectors.replay import replay as run_replay
+    from workbench import render
 
-    from workbench.replay import ReplayError, run_replay
-
-    try:
-        result, skipped = run_replay(Store(store), _load_rules(rules_file), runs_glob)
-    except (ReplayError, StoreError) as e:
-        _fail(str(e), 1)
-    by_rule = result.alerts.group_by("rule").agg(
-        alerts=pl.len(), runs_alerted=pl.col("run_id").n_unique(), first_fired=pl.col("step_fired").min()
-    )
-    summary = pl.DataFrame(
-        {"rule": list(result.evaluable), "runs_evaluable": [len(v) for v in result.evaluable.values()]}
-    )
-    summary = summary.join(by_rule, on="rule", how="left").with_columns(
-        pl.col("alerts", "runs_alerted").fill_null(0)
-    )
-    table = Table("rule", "evaluable runs", "alerts", "runs alerted", "first fired at", header_style="bold")
-    for r in summary.iter_rows(named=True):
-        table.add_row(
-            r["rule"],
-            f"{r['runs_evaluable']}/{len(result.runs)}",
-            str(r["alerts"]),
-            str(r["runs_alerted"]),
-            "" if r["first_fired"] is None else str(r["first_fired"]),
-        )
-    err.print(table)
-    for rule_id, why in skipped.items():
-        err.print(f"[dim]not evaluable here:[/] {rule_id}: {why.split(';')[0]}", highlight=False)
-    err.print(
-        f"{result.alerts.height} alerts from {len(result.evaluable)} rules over {len(result.runs)} runs; "
-        'see them with: workbench sql "SELECT * FROM alerts"',
-        highlight=False,
-    )
+    result = run_replay(_store(store), _load_rules(rules_file), runs_glob)
+    render.replay_summary(result.summary(), result, err)
 
 
 @main.command()
@@ -383,126 +328,20 @@ def backtest(rules_file, runs_glob, horizon, lead, warmup, budget, bootstrap, ou
       workbench backtest
       workbench backtest --rules detectors/guides.toml --horizon 200 --format json > scores.json
     """
-    import polars as pl
-
-    from workbench.backtest import Settings, best_under_budget, frontier
-    from workbench.backtest import backtest as run_backtest
-    from workbench.replay import ReplayError
+    from detectors.backtest import Settings, best_under_budget, frontier
+    from detectors.backtest import backtest as run_backtest
+    from workbench import render
 
     settings = Settings(horizon=horizon, lead=lead, warmup=warmup, bootstrap=bootstrap)
-    try:
-        result = run_backtest(Store(store), _load_rules(rules_file), runs_glob, settings)
-    except (ReplayError, StoreError) as e:
-        _fail(str(e), 1)
-    rules_df = pl.DataFrame(result.rules, infer_schema_length=None)
-    preds_df = pl.DataFrame(result.predictors, infer_schema_length=None)
+    result = run_backtest(_store(store), _load_rules(rules_file), runs_glob, settings)
     if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "backtest.json").write_text(result.to_json() + "\n")
-        rules_df.write_csv(out_dir / "rules.csv")
-        rules_df.write_parquet(out_dir / "rules.parquet")
-        preds_df.write_csv(out_dir / "predictors.csv")
+        result.write(out_dir)
     if fmt == "json":
         sys.stdout.write(result.to_json() + "\n")
-        return
-    if fmt == "csv":
-        sys.stdout.write(rules_df.write_csv())
-        return
-    _print_backtest_tables(result, rules_df, budget, frontier, best_under_budget)
-
-
-def _fmt(x, pct=False):
-    if x is None:
-        return "-"
-    if pct:
-        return f"{100 * x:.0f}%"
-    return f"{x:.3g}" if isinstance(x, float) else str(x)
-
-
-def _print_backtest_tables(result, rules_df, budget, frontier, best_under_budget) -> None:
-    out = Console()
-    r0 = result.rules[0] if result.rules else {}
-    out.print(
-        f"[bold]Backtest[/] over {result.runs} runs: {r0.get('runs_failed', 0)} failed, "
-        f"{r0.get('runs_healthy', 0)} healthy, {result.unknown_runs} unlabelled (left out)",
-        highlight=False,
-    )
-    table = Table(
-        "rule",
-        "params",
-        "eval",
-        "trig fail",
-        "trig ok",
-        "recall (95% CI)",
-        "precision",
-        "FA/1k",
-        "lead med",
-        "first trigger",
-        "never",
-        header_style="bold",
-    )
-    for r in result.rules:
-        ci = (
-            f" ({_fmt(r['recall_ci_low'], True)}-{_fmt(r['recall_ci_high'], True)})"
-            if r["recall_ci_low"] is not None
-            else ""
-        )
-        first = (
-            "-"
-            if r["first_trigger_mean"] is None
-            else f"{r['first_trigger_mean']:.0f} ± {_fmt(r['first_trigger_std'])}"
-        )
-        table.add_row(
-            r["rule"],
-            r["params"][:40],
-            str(r["runs_evaluable"]),
-            _fmt(r["trigger_rate_failed"], True),
-            _fmt(r["trigger_rate_healthy"], True),
-            _fmt(r["recall"], True) + ci,
-            _fmt(r["precision"], True),
-            _fmt(r["false_alarms_per_1k"]),
-            _fmt(r["lead_time_median"]),
-            first,
-            str(r["never_fired"]),
-        )
-    out.print(table)
-    swept = sorted({r["rule"] for r in result.rules if sum(x["rule"] == r["rule"] for x in result.rules) > 1})
-    for rule_id in swept:
-        front = frontier(result.rules, rule_id)
-        best = best_under_budget(result.rules, rule_id, budget)
-        pts = ", ".join(
-            f"{p['params']}: recall {_fmt(p['recall'], True)} @ {_fmt(p['false_alarms_per_1k'])} FA/1k"
-            for p in front
-        )
-        out.print(
-            f"[bold]{rule_id}[/] frontier (recall vs false alarms per 1k steps): {pts}", highlight=False
-        )
-        out.print(
-            f"  best within {budget:g} FA/1k: "
-            + (f"{best['params']} (recall {_fmt(best['recall'], True)})" if best else "none"),
-            highlight=False,
-        )
-    pt = Table(
-        "predictor",
-        "calls",
-        "came true",
-        "precision",
-        "timing err",
-        "final-loss err @10/25/50%",
-        "last-value err @10/25/50%",
-        header_style="bold",
-    )
-    for p in result.predictors:
-        pt.add_row(
-            p["predictor"],
-            _fmt(p["calls"]),
-            _fmt(p["calls_true"]),
-            _fmt(p["precision"], True),
-            _fmt(p["timing_error_median"]),
-            " / ".join(_fmt(p[f"final_loss_error_at_{f}"]) for f in (10, 25, 50)),
-            " / ".join(_fmt(p[f"baseline_error_at_{f}"]) for f in (10, 25, 50)),
-        )
-    out.print(pt)
+    elif fmt == "csv":
+        sys.stdout.write(result.rules_frame().write_csv())
+    else:
+        render.backtest_report(result, budget, frontier, best_under_budget)
 
 
 @main.command()
@@ -528,84 +367,18 @@ def lineage(run, stitch_tag, store, fmt):
       workbench lineage attention_collapse_recovery
       workbench lineage attention_collapse_recovery --stitch loss --format csv
     """
-    from rich.tree import Tree
+    from ingest import lineage as lineage_graph
+    from workbench import render
+    from workbench.store.query import require_run
 
-    from workbench import lineage as L
-
-    s = Store(store)
-    try:
-        con = s.connect()
-    except StoreError as e:
-        _fail(str(e))
-    if not con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run]).fetchall()[0][0]:
-        _fail(f"no run {run!r} in {s.root}; list them with: workbench runs")
+    s = _store(store)
+    require_run(s, run)
     if stitch_tag:
-        series = L.stitched(con, run, stitch_tag)
+        series = lineage_graph.stitched(s.connect(), run, stitch_tag)
         if series.is_empty():
-            _fail(
+            raise NotFoundError(
                 f"no {stitch_tag!r} points along the lineage of {run}; list tags with: workbench tags {run}"
             )
-        _print_frame(series, fmt)
-        return
-    path, edges, runs = L.tree_rows(con, run)
-    info = {r["run_id"]: r for r in runs.iter_rows(named=True)}
-
-    def label(r):
-        i = info.get(r, {})
-        return f"[bold]{r}[/] [dim]{i.get('status')} · steps {i.get('first_step')}–{i.get('last_step')} · {i.get('segments')} segments[/]"
-
-    def grow(node, r, seen):
-        for e in edges.filter(pl.col("parent_run") == r).iter_rows(named=True):
-            if e["child_run"] == r:
-                node.add(
-                    f"[cyan]resume[/] at step {e['parent_step']} (segment {e['child_segment']}): [dim]{e['evidence']}[/]"
-                )
-            elif e["child_run"] not in seen:
-                changes = f" changes {e['changes']}" if e["changes"] else ""
-                child = node.add(
-                    f"[magenta]{e['kind']}[/] from step {e['parent_step']}{changes} → "
-                    + label(e["child_run"])
-                )
-                child.add(f"[dim]{e['evidence']}[/]")
-                grow(child, e["child_run"], seen | {e["child_run"]})
-
-    import polars as pl
-
-    root = Tree(label(path[0][0]))
-    grow(root, path[0][0], {path[0][0]})
-    Console().print(root)
-
-
-def _print_frame(frame, fmt: str) -> None:
-    if fmt == "json":
-        sys.stdout.write(frame.write_json() + "\n")
-    elif fmt == "csv":
-        sys.stdout.write(frame.write_csv())
+        render.frame(series, fmt)
     else:
-        table = Table(*frame.columns, header_style="bold")
-        for row in frame.iter_rows():
-            table.add_row(*["" if v is None else str(v) for v in row])
-        Console(width=None if sys.stdout.isatty() else 100_000).print(table, crop=False)
-
-
-def _print_query(store: Store, query: str, fmt: str) -> None:
-    from workbench.query import QueryError, run_query
-
-    try:
-        out = run_query(store, query, fmt="json" if fmt == "json" else "csv")
-    except (QueryError, StoreError) as e:
-        _fail(str(e), 1)
-    if fmt == "table":
-        rows = list(csv.reader(io.StringIO(out)))
-        table = Table(header_style="bold")
-        for name in rows[0] if rows else []:
-            table.add_column(name, no_wrap=True, overflow="ellipsis")
-        for r in rows[1:]:
-            table.add_row(*r)
-        out_console = Console()
-        if not out_console.is_terminal:
-            out_console = Console(width=100_000)  # piped: never cut a value
-        out_console.print(table, crop=False)
-        print(f"({len(rows) - 1} rows)", file=sys.stderr)
-    else:
-        sys.stdout.write(out)
+        render.lineage_tree(lineage_graph.tree(s.connect(), run))

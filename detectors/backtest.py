@@ -1,4 +1,4 @@
-"""Backtest: how good is each rule, measured on labelled runs (DETECTORS.md §3.2).
+"""Backtest: how good is each rule, measured on labelled runs.
 
 Per rule and per point of its sweep, over the labelled runs where it could be evaluated
 (`unknown` runs are left out and counted):
@@ -23,12 +23,16 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 
+from detectors.engine import ReplayError
+from detectors.predictors import PREDICTOR_RULES, evaluate_predictors
+from detectors.replay import batches, default_rules, replay_batches
 from detectors.rules import Rule
-from workbench import replay as R
+from workbench.store import Store
 
 RULE_FIELDS = [
     "rule",
@@ -83,7 +87,7 @@ def _num(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def load_labels(store, run_ids: list[str]) -> tuple[dict[str, RunInfo], int]:
+def load_labels(store: Store, run_ids: list[str]) -> tuple[dict[str, RunInfo], int]:
     """Labelled runs of the selection (failed/healthy; steps filled in during replay) and the
     count of the rest (unknown or unlabelled)."""
     labels = {
@@ -99,7 +103,7 @@ def load_labels(store, run_ids: list[str]) -> tuple[dict[str, RunInfo], int]:
     return runs, unknown
 
 
-def load_recoveries(store) -> list[tuple[str, int | None, bool]]:
+def load_recoveries(store: Store) -> list[tuple[str, int | None, bool]]:
     """(parent run, step the restart was triggered or rolled back at, did the continuation end healthy)
     for every restart of one run by another (lineage `recovery` and `fork` edges)."""
     return (
@@ -118,7 +122,7 @@ def score(
     alerts: pl.DataFrame,
     evaluable: list[str],
     runs: dict[str, RunInfo],
-    st: Settings,
+    settings: Settings,
     recoveries: list[tuple] = (),
 ) -> dict:
     """All metrics of one rule at one parameter point."""
@@ -127,13 +131,13 @@ def score(
     healthy = [r for r in ev if runs[r].outcome == "healthy"]
     fired = {}
     for run, step in alerts.select("run_id", "step_fired").iter_rows():
-        if run in runs and step >= runs[run].first_step + st.warmup:
+        if run in runs and step >= runs[run].first_step + settings.warmup:
             fired.setdefault(run, []).append(step)
     per_run = {}
     for run in failed + healthy:
         info, alarms = runs[run], sorted(fired.get(run, []))
         if info.outcome == "healthy":
-            neg_alarms, neg_steps = len(alarms), _count(info.steps, info.first_step + st.warmup, None)
+            neg_alarms, neg_steps = len(alarms), _count(info.steps, info.first_step + settings.warmup, None)
             per_run[run] = {
                 "trig": bool(alarms),
                 "tp": False,
@@ -153,16 +157,16 @@ def score(
                 "first": alarms[0] if alarms else None,
             }
             continue
-        in_window = [a for a in alarms if onset - st.lead <= a <= onset + st.horizon]
-        early = [a for a in alarms if a < onset - st.lead]
+        in_window = [a for a in alarms if onset - settings.lead <= a <= onset + settings.horizon]
+        early = [a for a in alarms if a < onset - settings.lead]
         per_run[run] = {
-            "trig": any(a <= onset + st.horizon for a in alarms),
+            "trig": any(a <= onset + settings.horizon for a in alarms),
             "tp": bool(in_window),
             "fp": bool(early) and not in_window,
             "lead": onset - in_window[0] if in_window else None,
             "first": alarms[0] if alarms else None,
             "neg_alarms": len(early),
-            "neg_steps": _count(info.steps, info.first_step + st.warmup, onset - st.lead),
+            "neg_steps": _count(info.steps, info.first_step + settings.warmup, onset - settings.lead),
         }
     out = {
         "rule": rule.id,
@@ -173,7 +177,7 @@ def score(
         "description": " ".join((rule.description or "").split()),
     }
     out.update(_metrics(per_run, failed, healthy))
-    lo, hi = _bootstrap(per_run, failed, healthy, st)
+    lo, hi = _bootstrap(per_run, failed, healthy, settings)
     out.update(
         recall_ci_low=lo.get("recall"),
         recall_ci_high=hi.get("recall"),
@@ -222,13 +226,13 @@ def _metrics(per_run: dict, failed: list[str], healthy: list[str]) -> dict:
     }
 
 
-def _bootstrap(per_run: dict, failed: list[str], healthy: list[str], st: Settings) -> tuple[dict, dict]:
+def _bootstrap(per_run: dict, failed: list[str], healthy: list[str], settings: Settings) -> tuple[dict, dict]:
     """95 % percentile intervals of recall and precision, resampling runs within each cohort."""
-    if not failed or st.bootstrap <= 0:
+    if not failed or settings.bootstrap <= 0:
         return {}, {}
-    rng = np.random.default_rng(st.seed)
+    rng = np.random.default_rng(settings.seed)
     rec, prec = [], []
-    for _ in range(st.bootstrap):
+    for _ in range(settings.bootstrap):
         f = list(rng.choice(failed, len(failed)))
         h = list(rng.choice(healthy, len(healthy))) if healthy else []
         keyed = {f"{i}:{r}": per_run[r] for i, r in enumerate(f + h)}
@@ -259,32 +263,41 @@ class BacktestResult:
     def to_json(self) -> str:
         return json.dumps({"rules": self.rules, "predictors": self.predictors}, indent=2, sort_keys=False)
 
+    def rules_frame(self) -> pl.DataFrame:
+        return pl.DataFrame(self.rules, infer_schema_length=None)
+
+    def write(self, out_dir: Path) -> None:
+        """backtest.json, rules.csv, rules.parquet and predictors.csv in `out_dir`."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "backtest.json").write_text(self.to_json() + "\n")
+        self.rules_frame().write_csv(out_dir / "rules.csv")
+        self.rules_frame().write_parquet(out_dir / "rules.parquet")
+        pl.DataFrame(self.predictors, infer_schema_length=None).write_csv(out_dir / "predictors.csv")
+
 
 def backtest(
-    store,
+    store: Store,
     rules: list[Rule] | None,
     runs_glob: str | None,
-    st: Settings | None = None,
+    settings: Settings | None = None,
     predictors: bool = True,
 ) -> BacktestResult:
     """Replay every rule (and sweep point) and score it against the labels."""
-    st = st or Settings()
+    settings = settings or Settings()
     explicit = rules is not None
-    rules = rules if explicit else R.default_rules()
-    groups = R.batches(store, runs_glob)
+    rules = rules if explicit else default_rules()
+    groups = batches(store, runs_glob)
     if not groups:
-        raise R.ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")
+        raise ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")
     run_ids = [r for g in groups for r in g]
     runs, unknown = load_labels(store, run_ids)
     if not runs:
-        raise R.ReplayError(
+        raise ReplayError(
             "no labelled runs in the selection: add a labels.toml beside the runs "
             "(see the README) or use: workbench label RUN --outcome failed --onset STEP"
         )
     points = [p for rule in rules for p in rule.sweep_points()]
-    from workbench import predictors as P
-
-    extra = list(P.PREDICTOR_RULES.values()) if predictors else []  # replayed in the same pass
+    extra = list(PREDICTOR_RULES.values()) if predictors else []  # replayed in the same pass
 
     def note_steps(data):  # logged steps per run, from the batch already in memory
         for run, steps in data.logged_steps().items():
@@ -292,17 +305,17 @@ def backtest(
                 runs[run].steps = steps
                 runs[run].first_step = int(steps[0]) if len(steps) else 0
 
-    done = R.replay_all(store, points + extra, groups, on_batch=note_steps)
+    done = replay_batches(store, points + extra, groups, on_batch=note_steps)
     recoveries = load_recoveries(store)
     results = []
     for p, d in zip(points, done, strict=False):
         if d.error:
             if explicit:
-                raise R.ReplayError(d.error)
+                raise ReplayError(d.error)
             continue
-        results.append(score(p, d.alerts, d.evaluable, runs, st, recoveries))
+        results.append(score(p, d.alerts, d.evaluable, runs, settings, recoveries))
     preds = (
-        P.evaluate(store, runs, dict(zip(P.PREDICTOR_RULES, done[len(points) :], strict=True)))
+        evaluate_predictors(store, runs, dict(zip(PREDICTOR_RULES, done[len(points) :], strict=True)))
         if predictors
         else []
     )

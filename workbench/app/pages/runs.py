@@ -3,15 +3,15 @@
 import polars as pl
 import streamlit as st
 
-from workbench import app_data
+from workbench.app import PAGE, data
 
 st.title("Runs")
-gen = app_data.generation()
+gen = data.generation()
 if gen is None:
-    st.info(app_data.no_store_message())
+    st.info(data.no_store_message())
     st.stop()
 
-runs = app_data.runs(gen)
+runs = data.runs(gen)
 c1, c2, c3 = st.columns([2, 1, 1])
 pattern = c1.text_input("Run name (regex)", key="runs_pattern")
 statuses = sorted(runs["status"].drop_nulls().unique().to_list())
@@ -39,6 +39,6 @@ event = st.dataframe(
 )
 picked = [shown["run_id"][i] for i in event.selection.rows] if event and event.selection else []
 if picked:
-    st.session_state[app_data.SELECTED] = picked
+    st.session_state[data.SELECTED] = picked
     if st.button(f"Open {len(picked)} run(s) in Curves", key="runs_open_curves"):
-        st.switch_page("pages/curves.py")
+        st.switch_page(PAGE["curves"].path)

@@ -4,22 +4,22 @@ import numpy as np
 import polars as pl
 import streamlit as st
 
-from workbench import app_data, charts
+from workbench.app import charts, data
 
 st.title("Curves")
-gen = app_data.generation()
+gen = data.generation()
 if gen is None:
-    st.info(app_data.no_store_message())
+    st.info(data.no_store_message())
     st.stop()
 
-all_runs = app_data.runs(gen)["run_id"].to_list()
-wanted = [r for r in st.session_state.get(app_data.SELECTED, []) if r in all_runs] or all_runs[:3]
+all_runs = data.runs(gen)["run_id"].to_list()
+wanted = [r for r in st.session_state.get(data.SELECTED, []) if r in all_runs] or all_runs[:3]
 sel = st.multiselect("Runs", all_runs, default=wanted, key="curves_runs")
-st.session_state[app_data.SELECTED] = sel
+st.session_state[data.SELECTED] = sel
 if not sel:
     st.info("Pick one or more runs (or select rows on the Runs page).")
     st.stop()
-tag_df = app_data.tags(gen, tuple(sel))
+tag_df = data.tags(gen, tuple(sel))
 metric_of = dict(tag_df.select("tag", "metric").iter_rows())
 default_tags = tag_df.filter(pl.col("metric") == "loss")["tag"].to_list()[:2] or tag_df["tag"].to_list()[:1]
 chosen = st.multiselect(
@@ -51,7 +51,7 @@ if not chosen:
 series, placed, points = [], {}, 0
 for run in sel:
     for tag in chosen:
-        d = app_data.display_curve(gen, run, tag, smoothing, x_mode, show_superseded)
+        d = data.display_curve(gen, run, tag, smoothing, x_mode, show_superseded)
         if d is None:
             continue
         series.append({"run_id": run, "tag": tag, "curve": d["curve"]})
@@ -74,7 +74,7 @@ def place(run, step):
 
 
 alerts, events = [], []
-stored = app_data.alerts(gen, tuple(sel))
+stored = data.alerts(gen, tuple(sel))
 if show_alerts and not stored.is_empty():
     rule_names = sorted(stored["rule"].unique().to_list())
     picked_rules = st.multiselect("Alert rules", rule_names, default=rule_names, key="curves_alert_rules")
@@ -91,7 +91,7 @@ if show_alerts and not stored.is_empty():
                 }
             )
 if show_events:
-    for e in app_data.events(gen, tuple(sel)).iter_rows(named=True):
+    for e in data.events(gen, tuple(sel)).iter_rows(named=True):
         if e["run_id"] in placed:
             x, y = place(e["run_id"], e["step"])
             events.append({**e, "x": x, "y": y})
@@ -115,8 +115,8 @@ with st.expander("Export the selection (long format: run_id, tag, step, wall_tim
     if st.button("Prepare CSV and Parquet", key="curves_export"):
         c1, c2 = st.columns(2)
         c1.download_button(
-            "Download CSV", app_data.export(gen, pairs, "csv"), "curves.csv", "text/csv", key="curves_csv"
+            "Download CSV", data.export(gen, pairs, "csv"), "curves.csv", "text/csv", key="curves_csv"
         )
         c2.download_button(
-            "Download Parquet", app_data.export(gen, pairs, "parquet"), "curves.parquet", key="curves_parquet"
+            "Download Parquet", data.export(gen, pairs, "parquet"), "curves.parquet", key="curves_parquet"
         )

@@ -9,10 +9,11 @@ resolved at query time so that editing `workbench.toml` applies to data already 
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import tomllib
 from pathlib import Path
+
+from workbench.store.sql import literal
 
 # First match wins; patterns are matched against the lower-cased tag.
 BUILTIN: list[tuple[str, str]] = [
@@ -48,10 +49,6 @@ def load_user_aliases(*config_dirs: Path) -> dict[str, list[str]]:
     return merged
 
 
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
 def glob_regex(glob: str) -> str:
     """`*` any run of characters, `?` one character, everything else literal."""
     return "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob)
@@ -63,18 +60,7 @@ def metric_case_sql(column: str, user: dict[str, list[str]] | None = None) -> st
     for metric, globs in (user or {}).items():
         for g in globs:
             regex = glob_regex(g)
-            arms.append(f"WHEN regexp_full_match({column}, {_sql_str(regex)}) THEN {_sql_str(metric)}")
+            arms.append(f"WHEN regexp_full_match({column}, {literal(regex)}) THEN {literal(metric)}")
     for metric, regex in BUILTIN:
-        arms.append(f"WHEN regexp_full_match(lower({column}), {_sql_str(regex)}) THEN {_sql_str(metric)}")
+        arms.append(f"WHEN regexp_full_match(lower({column}), {literal(regex)}) THEN {literal(metric)}")
     return "CASE " + " ".join(arms) + " ELSE NULL END"
-
-
-def metric_for(tag: str, user: dict[str, list[str]] | None = None) -> str | None:
-    """The same mapping in Python (for code that works on frames, not SQL)."""
-    for metric, globs in (user or {}).items():
-        if any(fnmatch.fnmatchcase(tag, g) for g in globs):
-            return metric
-    for metric, regex in BUILTIN:
-        if re.fullmatch(regex, tag.lower()):
-            return metric
-    return None

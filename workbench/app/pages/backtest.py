@@ -1,18 +1,14 @@
 """Alerts & backtest: run rules over labelled runs, compare scores and sweeps, drill into runs."""
 
-from pathlib import Path
-
 import polars as pl
 import streamlit as st
 
-from workbench import app_data, charts
-
-GUIDES = (Path(__file__).resolve().parent.parent.parent / "detectors" / "guides.toml").read_text()
+from workbench.app import PAGE, charts, data
 
 st.title("Alerts & backtest")
-gen = app_data.generation()
+gen = data.generation()
 if gen is None:
-    st.info(app_data.no_store_message())
+    st.info(data.no_store_message())
     st.stop()
 
 source = st.radio(
@@ -20,7 +16,7 @@ source = st.radio(
 )
 rules_text = None
 if source.startswith("my rules"):
-    rules_text = st.text_area("Rule file", GUIDES, height=260, key="bt_rules_text")
+    rules_text = st.text_area("Rule file", data.guides_text(), height=260, key="bt_rules_text")
 c1, c2, c3 = st.columns([2, 1, 1])
 runs_glob = c1.text_input("Runs (glob over run ids; empty = all)", key="bt_runs")
 horizon = c2.number_input("horizon (steps after onset)", 0, 10**9, 100, key="bt_horizon")
@@ -29,13 +25,13 @@ b1, b2 = st.columns(2)
 if b1.button("Run backtest", type="primary", key="bt_run"):
     st.session_state["bt_args"] = (rules_text, runs_glob, int(horizon), int(lead))
 if b2.button("Replay and store the alerts (shown on the curves)", key="bt_replay"):
-    st.session_state["bt_replay_msg"] = app_data.replay_alerts(rules_text, runs_glob)
+    st.session_state["bt_replay_msg"] = data.replay_alerts(rules_text, runs_glob)
     st.cache_data.clear()
-    gen = app_data.generation()
+    gen = data.generation()
 if st.session_state.get("bt_replay_msg"):
     st.caption(st.session_state["bt_replay_msg"])
 
-labels = app_data.runs(gen)
+labels = data.runs(gen)
 n_labelled = labels.filter(pl.col("label").is_in(["failed", "healthy"])).height
 if n_labelled == 0:
     st.info(
@@ -47,7 +43,7 @@ if "bt_args" not in st.session_state:
     st.info(f"{n_labelled} labelled runs. Press **Run backtest** to score the rules on them.")
     st.stop()
 
-res = app_data.backtest(gen, *st.session_state["bt_args"])
+res = data.run_backtest(gen, *st.session_state["bt_args"])
 if "error" in res:
     st.error(res["error"])
     st.stop()
@@ -93,7 +89,7 @@ st.dataframe(
 )
 
 st.subheader("Where a rule fired or missed")
-alerts = app_data.alerts(gen, tuple(labels["run_id"].to_list()))
+alerts = data.alerts(gen, tuple(labels["run_id"].to_list()))
 if alerts.is_empty():
     st.info("No stored alerts yet: press **Replay and store the alerts** above.")
     st.stop()
@@ -124,5 +120,5 @@ event = st.dataframe(
 )
 picked = [table["run_id"][i] for i in event.selection.rows] if event and event.selection else []
 if picked and st.button(f"Show {len(picked)} run(s) on the curves", key="bt_open_curves"):
-    st.session_state[app_data.SELECTED] = picked
-    st.switch_page("pages/curves.py")
+    st.session_state[data.SELECTED] = picked
+    st.switch_page(PAGE["curves"].path)

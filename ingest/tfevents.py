@@ -1,4 +1,4 @@
-"""Bulk TFRecord framing, masked CRC-32C checks and Event/Summary decoding (numba kernels).
+"""TensorBoard Event/Summary protobuf decoding in bulk (numba kernels over framed records).
 
 Per-record protobuf objects cap a Python reader at a few hundred thousand scalars a second;
 these kernels walk the raw bytes once, in machine code, and return flat arrays. Records whose
@@ -11,13 +11,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ingest.framing import masked_crc32c, skip_field, u32, u64, varint
+
 # --- framing status codes (per record) -------------------------------------------------------
 REC_OK = 0
 REC_BAD_DATA_CRC = 1
 REC_BAD_PROTO = 2
 
 # --- what an Event carries (its oneof `what`) --------------------------------------------------
-EV_NONE = 0
 EV_SUMMARY = 1
 EV_FILE_VERSION = 2
 EV_SESSION_LOG = 3
@@ -37,175 +38,6 @@ V_EMPTY = 8  # metadata only (hparams)
 # columns of the int64 `vals` matrix returned by decode_records
 VC_REC, VC_TAG_OFF, VC_TAG_LEN, VC_TAG_HASH, VC_PLUGIN_OFF, VC_PLUGIN_LEN, VC_KIND = range(7)
 N_VCOLS = 7
-
-_MASK_DELTA = np.uint32(0xA282EAD8)
-
-
-def _crc_tables() -> np.ndarray:
-    """Slicing-by-8 tables for CRC-32C (Castagnoli, reflected polynomial 0x82F63B78)."""
-    t = np.zeros((8, 256), dtype=np.uint32)
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        t[0, i] = c
-    for k in range(1, 8):
-        for i in range(256):
-            t[k, i] = (t[k - 1, i] >> 8) ^ t[0, t[k - 1, i] & 0xFF]
-    return t
-
-
-CRC_TABLES = _crc_tables()
-
-
-@njit(cache=True, nogil=True)
-def crc32c(buf, start, n, tables):
-    crc = np.uint32(0xFFFFFFFF)
-    i = start
-    end = start + n
-    while i + 8 <= end:
-        lo = crc ^ (
-            np.uint32(buf[i])
-            | (np.uint32(buf[i + 1]) << 8)
-            | (np.uint32(buf[i + 2]) << 16)
-            | (np.uint32(buf[i + 3]) << 24)
-        )
-        crc = (
-            tables[7, lo & 0xFF]
-            ^ tables[6, (lo >> 8) & 0xFF]
-            ^ tables[5, (lo >> 16) & 0xFF]
-            ^ tables[4, lo >> 24]
-            ^ tables[3, buf[i + 4]]
-            ^ tables[2, buf[i + 5]]
-            ^ tables[1, buf[i + 6]]
-            ^ tables[0, buf[i + 7]]
-        )
-        i += 8
-    while i < end:
-        crc = tables[0, (crc ^ np.uint32(buf[i])) & 0xFF] ^ (crc >> 8)
-        i += 1
-    return crc ^ np.uint32(0xFFFFFFFF)
-
-
-@njit(cache=True, nogil=True)
-def masked_crc32c(buf, start, n, tables):
-    crc = crc32c(buf, start, n, tables)
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & np.uint32(0xFFFFFFFF)
-
-
-@njit(cache=True, nogil=True)
-def _u32(buf, p):
-    return (
-        np.uint32(buf[p])
-        | (np.uint32(buf[p + 1]) << 8)
-        | (np.uint32(buf[p + 2]) << 16)
-        | (np.uint32(buf[p + 3]) << 24)
-    )
-
-
-@njit(cache=True, nogil=True)
-def _u64(buf, p):
-    return np.uint64(_u32(buf, p)) | (np.uint64(_u32(buf, p + 4)) << np.uint64(32))
-
-
-@njit(cache=True, nogil=True)
-def _header_ok(buf, p, n, tables):
-    """A plausible record header at p: length CRC valid and the whole record inside the buffer."""
-    if p + 12 > n:
-        return False
-    if masked_crc32c(buf, p, 8, tables) != _u32(buf, p + 8):
-        return False
-    length = _u64(buf, p)
-    if length > np.uint64(n - p - 16):
-        return False
-    return masked_crc32c(buf, p + 12, np.int64(length), tables) == _u32(buf, p + 12 + np.int64(length))
-
-
-@njit(cache=True, nogil=True)
-def frame_records(buf, n, tables):
-    """Walk the record chain of buf[:n].
-
-    Returns (offsets, lengths, end, gaps): offsets/lengths of the complete records (offset of the
-    data payload is offset + 12); `end` is where reading must resume next time (the start of an
-    incomplete trailing record, or n); `gaps` is an (k, 2) array of byte ranges skipped after a
-    bad length CRC, resynchronised on the next position whose header and data CRCs both hold.
-    """
-    cap = 1024
-    offs = np.empty(cap, np.int64)
-    lens = np.empty(cap, np.int64)
-    gaps = np.empty((16, 2), np.int64)
-    k = 0
-    g = 0
-    p = 0
-    while p + 12 <= n:
-        if masked_crc32c(buf, p, 8, tables) != _u32(buf, p + 8):
-            # framing lost: scan forward for the next position that is a whole valid record
-            q = p + 1
-            while q + 12 <= n and not _header_ok(buf, q, n, tables):
-                q += 1
-            if q + 12 > n:
-                # nothing valid after p: treat the tail as corrupt, not as an unfinished write
-                q = n
-            if g == gaps.shape[0]:
-                ng = np.empty((g * 2, 2), np.int64)
-                ng[:g] = gaps[:g]
-                gaps = ng
-            gaps[g, 0] = p
-            gaps[g, 1] = q
-            g += 1
-            p = q
-            continue
-        length = np.int64(_u64(buf, p))
-        if length < 0 or p + 16 + length > n:
-            break  # unfinished write: resume here next time
-        if k == cap:
-            cap *= 2
-            no = np.empty(cap, np.int64)
-            nl = np.empty(cap, np.int64)
-            no[:k] = offs[:k]
-            nl[:k] = lens[:k]
-            offs = no
-            lens = nl
-        offs[k] = p
-        lens[k] = length
-        k += 1
-        p += 16 + length
-    return offs[:k], lens[:k], p, gaps[:g]
-
-
-@njit(cache=True, nogil=True)
-def _varint(buf, p, end):
-    """Returns (value, new_p); new_p == -1 on a malformed varint."""
-    result = np.uint64(0)
-    shift = np.uint64(0)
-    while p < end:
-        b = buf[p]
-        p += 1
-        result |= np.uint64(b & 0x7F) << shift
-        if b < 0x80:
-            return result, p
-        shift += np.uint64(7)
-        if shift >= np.uint64(64):
-            return result, -1
-    return result, -1
-
-
-@njit(cache=True, nogil=True)
-def _skip(buf, p, end, wt):
-    """Skip a field of wire type wt; returns the new position or -1."""
-    if wt == 0:
-        _, p = _varint(buf, p, end)
-        return p
-    if wt == 1:
-        return p + 8 if p + 8 <= end else -1
-    if wt == 5:
-        return p + 4 if p + 4 <= end else -1
-    if wt == 2:
-        ln, p = _varint(buf, p, end)
-        if p < 0 or np.int64(ln) < 0 or p + np.int64(ln) > end:
-            return -1
-        return p + np.int64(ln)
-    return -1
 
 
 @njit(cache=True, nogil=True)
@@ -250,46 +82,46 @@ def _decode_tensor(buf, p, end, s32, s64):
     content_len = 0
     is_string = False
     while p < end:
-        key, p = _varint(buf, p, end)
+        key, p = varint(buf, p, end)
         if p < 0:
             return -1, value
         field = key >> np.uint64(3)
         wt = np.int64(key & np.uint64(7))
         if field == 1 and wt == 0:
-            d, p = _varint(buf, p, end)
+            d, p = varint(buf, p, end)
             dtype = np.int64(d)
         elif field == 2 and wt == 2:  # TensorShapeProto: repeated Dim dim = 2 {int64 size = 1}
-            ln, p = _varint(buf, p, end)
+            ln, p = varint(buf, p, end)
             send = p + np.int64(ln)
             if p < 0 or send > end or send < p:
                 return -1, value
             q = p
             while q < send:
-                k2, q = _varint(buf, q, send)
+                k2, q = varint(buf, q, send)
                 if q < 0:
                     return -1, value
                 if (k2 >> np.uint64(3)) == 2 and (k2 & np.uint64(7)) == 2:
-                    dl, q = _varint(buf, q, send)
+                    dl, q = varint(buf, q, send)
                     dend = q + np.int64(dl)
                     if q < 0 or dend > send or dend < q:
                         return -1, value
                     while q < dend and q >= 0:
-                        k3, q = _varint(buf, q, dend)
+                        k3, q = varint(buf, q, dend)
                         if q < 0:
                             return -1, value
                         if (k3 >> np.uint64(3)) == 1 and (k3 & np.uint64(7)) == 0:
-                            sz, q = _varint(buf, q, dend)
+                            sz, q = varint(buf, q, dend)
                             n_elems *= np.int64(sz)
                         else:
-                            q = _skip(buf, q, dend, np.int64(k3 & np.uint64(7)))
+                            q = skip_field(buf, q, dend, np.int64(k3 & np.uint64(7)))
                     q = dend
                 else:
-                    q = _skip(buf, q, send, np.int64(k2 & np.uint64(7)))
+                    q = skip_field(buf, q, send, np.int64(k2 & np.uint64(7)))
                 if q < 0:
                     return -1, value
             p = send
         elif field == 4 and wt == 2:  # tensor_content
-            ln, p = _varint(buf, p, end)
+            ln, p = varint(buf, p, end)
             if p < 0:
                 return -1, value
             content_off = p
@@ -299,7 +131,7 @@ def _decode_tensor(buf, p, end, s32, s64):
             p = p + content_len
         elif field == 8:  # string_val
             is_string = True
-            p = _skip(buf, p, end, wt)
+            p = skip_field(buf, p, end, wt)
             n_vals += 1
         elif (
             field == 5
@@ -313,7 +145,7 @@ def _decode_tensor(buf, p, end, s32, s64):
         ):
             # typed repeated numeric fields, packed (wt 2) or not
             if wt == 2:
-                ln, p = _varint(buf, p, end)
+                ln, p = varint(buf, p, end)
                 vend = p + np.int64(ln)
                 if p < 0 or vend > end or vend < p:
                     return -1, value
@@ -326,15 +158,15 @@ def _decode_tensor(buf, p, end, s32, s64):
                 if field == 5:
                     if q + 4 > vend:
                         return -1, value
-                    value = _bits_to_f32(_u32(buf, q), s32)
+                    value = _bits_to_f32(u32(buf, q), s32)
                     q += 4
                 elif field == 6:
                     if q + 8 > vend:
                         return -1, value
-                    value = _bits_to_f64(_u64(buf, q), s64)
+                    value = _bits_to_f64(u64(buf, q), s64)
                     q += 8
                 else:
-                    raw, q = _varint(buf, q, vend)
+                    raw, q = varint(buf, q, vend)
                     if q < 0:
                         return -1, value
                     if field == 13:
@@ -351,7 +183,7 @@ def _decode_tensor(buf, p, end, s32, s64):
                     p = q
                     break
         else:
-            p = _skip(buf, p, end, wt)
+            p = skip_field(buf, p, end, wt)
         if p < 0 or p > end:
             return -1, value
     if is_string or dtype == DT_STRING:
@@ -361,21 +193,21 @@ def _decode_tensor(buf, p, end, s32, s64):
     if content_off >= 0 and content_len > 0:
         c = content_off
         if dtype == DT_FLOAT and content_len == 4:
-            value = _bits_to_f32(_u32(buf, c), s32)
+            value = _bits_to_f32(u32(buf, c), s32)
         elif dtype == DT_DOUBLE and content_len == 8:
-            value = _bits_to_f64(_u64(buf, c), s64)
+            value = _bits_to_f64(u64(buf, c), s64)
         elif dtype == DT_HALF and content_len == 2:
             value = _half_to_float(np.int64(buf[c]) | (np.int64(buf[c + 1]) << 8))
         elif dtype == DT_BFLOAT16 and content_len == 2:
             value = _bits_to_f32((np.uint32(buf[c]) | (np.uint32(buf[c + 1]) << 8)) << 16, s32)
         elif dtype == DT_INT32 and content_len == 4:
-            value = np.float64(np.int32(_u32(buf, c)))
+            value = np.float64(np.int32(u32(buf, c)))
         elif dtype == DT_INT64 and content_len == 8:
-            value = np.float64(np.int64(_u64(buf, c)))
+            value = np.float64(np.int64(u64(buf, c)))
         elif dtype == DT_UINT64 and content_len == 8:
-            value = np.float64(_u64(buf, c))
+            value = np.float64(u64(buf, c))
         elif dtype == DT_UINT32 and content_len == 4:
-            value = np.float64(_u32(buf, c))
+            value = np.float64(u32(buf, c))
         elif (dtype == DT_BOOL or dtype == DT_UINT8 or dtype == DT_INT8) and content_len == 1:  # noqa: SIM109 - numba
             value = np.float64(np.int8(buf[c])) if dtype == DT_INT8 else np.float64(buf[c])
         elif dtype == DT_INT16 and content_len == 2:
@@ -408,13 +240,13 @@ def _decode_value(buf, p, end, out, row, s32, s64):
     kind = V_EMPTY
     value = np.nan
     while p < end:
-        key, p = _varint(buf, p, end)
+        key, p = varint(buf, p, end)
         if p < 0:
             return False, value
         field = key >> np.uint64(3)
         wt = np.int64(key & np.uint64(7))
         if field == 1 and wt == 2:
-            ln, p = _varint(buf, p, end)
+            ln, p = varint(buf, p, end)
             if p < 0 or np.int64(ln) < 0 or p + np.int64(ln) > end:
                 return False, value
             out[row, VC_TAG_OFF] = p
@@ -423,45 +255,45 @@ def _decode_value(buf, p, end, out, row, s32, s64):
         elif field == 2 and wt == 5:
             if p + 4 > end:
                 return False, value
-            value = _bits_to_f32(_u32(buf, p), s32)
+            value = _bits_to_f32(u32(buf, p), s32)
             kind = V_SIMPLE
             p += 4
         elif field == 9 and wt == 2:  # SummaryMetadata{plugin_data=1{plugin_name=1}}
-            ln, p = _varint(buf, p, end)
+            ln, p = varint(buf, p, end)
             mend = p + np.int64(ln)
             if p < 0 or mend > end or mend < p:
                 return False, value
             q = p
             while q < mend and q >= 0:
-                k2, q = _varint(buf, q, mend)
+                k2, q = varint(buf, q, mend)
                 if q < 0:
                     return False, value
                 if (k2 >> np.uint64(3)) == 1 and (k2 & np.uint64(7)) == 2:
-                    pl, q = _varint(buf, q, mend)
+                    pl, q = varint(buf, q, mend)
                     pend = q + np.int64(pl)
                     if q < 0 or pend > mend or pend < q:
                         return False, value
                     while q < pend and q >= 0:
-                        k3, q = _varint(buf, q, pend)
+                        k3, q = varint(buf, q, pend)
                         if q < 0:
                             return False, value
                         if (k3 >> np.uint64(3)) == 1 and (k3 & np.uint64(7)) == 2:
-                            nl, q = _varint(buf, q, pend)
+                            nl, q = varint(buf, q, pend)
                             if q < 0 or q + np.int64(nl) > pend or np.int64(nl) < 0:
                                 return False, value
                             out[row, VC_PLUGIN_OFF] = q
                             out[row, VC_PLUGIN_LEN] = np.int64(nl)
                             q += np.int64(nl)
                         else:
-                            q = _skip(buf, q, pend, np.int64(k3 & np.uint64(7)))
+                            q = skip_field(buf, q, pend, np.int64(k3 & np.uint64(7)))
                     q = pend
                 else:
-                    q = _skip(buf, q, mend, np.int64(k2 & np.uint64(7)))
+                    q = skip_field(buf, q, mend, np.int64(k2 & np.uint64(7)))
             if q < 0:
                 return False, value
             p = mend
         elif field == 8 and wt == 2:
-            ln, p = _varint(buf, p, end)
+            ln, p = varint(buf, p, end)
             if p < 0 or np.int64(ln) < 0 or p + np.int64(ln) > end:
                 return False, value
             kind, value = _decode_tensor(buf, p, p + np.int64(ln), s32, s64)
@@ -470,15 +302,15 @@ def _decode_value(buf, p, end, out, row, s32, s64):
             p += np.int64(ln)
         elif (field == 3 or field == 5) and wt == 2:
             kind = V_HISTO
-            p = _skip(buf, p, end, wt)
+            p = skip_field(buf, p, end, wt)
         elif field == 4 and wt == 2:
             kind = V_IMAGE
-            p = _skip(buf, p, end, wt)
+            p = skip_field(buf, p, end, wt)
         elif field == 6 and wt == 2:
             kind = V_AUDIO
-            p = _skip(buf, p, end, wt)
+            p = skip_field(buf, p, end, wt)
         else:
-            p = _skip(buf, p, end, wt)
+            p = skip_field(buf, p, end, wt)
         if p < 0 or p > end:
             return False, value
     out[row, VC_KIND] = kind
@@ -508,13 +340,13 @@ def decode_records(buf, offs, lens, check_crc, tables):
     for i in range(n):
         p = offs[i] + 12
         end = p + lens[i]
-        if check_crc and masked_crc32c(buf, p, lens[i], tables) != _u32(buf, end):
+        if check_crc and masked_crc32c(buf, p, lens[i], tables) != u32(buf, end):
             status[i] = REC_BAD_DATA_CRC
             continue
         row0 = nv
         ok = True
         while p < end:
-            key, p = _varint(buf, p, end)
+            key, p = varint(buf, p, end)
             if p < 0:
                 ok = False
                 break
@@ -524,24 +356,24 @@ def decode_records(buf, offs, lens, check_crc, tables):
                 if p + 8 > end:
                     ok = False
                     break
-                wall[i] = _bits_to_f64(_u64(buf, p), s64)
+                wall[i] = _bits_to_f64(u64(buf, p), s64)
                 p += 8
             elif field == 2 and wt == 0:
-                s, p = _varint(buf, p, end)
+                s, p = varint(buf, p, end)
                 step[i] = np.int64(s)
             elif field == 5 and wt == 2:
                 what[i] = EV_SUMMARY
-                ln, p = _varint(buf, p, end)
+                ln, p = varint(buf, p, end)
                 send = p + np.int64(ln)
                 if p < 0 or send > end or send < p:
                     ok = False
                     break
                 while p < send:
-                    k2, p = _varint(buf, p, send)
+                    k2, p = varint(buf, p, send)
                     if p < 0:
                         break
                     if (k2 >> np.uint64(3)) == 1 and (k2 & np.uint64(7)) == 2:
-                        vl, p = _varint(buf, p, send)
+                        vl, p = varint(buf, p, send)
                         if p < 0 or np.int64(vl) < 0 or p + np.int64(vl) > send:
                             p = -1
                             break
@@ -562,7 +394,7 @@ def decode_records(buf, offs, lens, check_crc, tables):
                         nv += 1
                         p += np.int64(vl)
                     else:
-                        p = _skip(buf, p, send, np.int64(k2 & np.uint64(7)))
+                        p = skip_field(buf, p, send, np.int64(k2 & np.uint64(7)))
                         if p < 0:
                             break
                 if p < 0:
@@ -570,32 +402,32 @@ def decode_records(buf, offs, lens, check_crc, tables):
                     break
             elif field == 3 and wt == 2:
                 what[i] = EV_FILE_VERSION
-                p = _skip(buf, p, end, wt)
+                p = skip_field(buf, p, end, wt)
             elif field == 7 and wt == 2:
                 what[i] = EV_SESSION_LOG
-                ln, p = _varint(buf, p, end)
+                ln, p = varint(buf, p, end)
                 lend = p + np.int64(ln)
                 if p < 0 or lend > end or lend < p:
                     ok = False
                     break
                 q = p
                 while q < lend and q >= 0:
-                    k2, q = _varint(buf, q, lend)
+                    k2, q = varint(buf, q, lend)
                     if q < 0:
                         break
                     if (k2 >> np.uint64(3)) == 1 and (k2 & np.uint64(7)) == 0:
-                        st, q = _varint(buf, q, lend)
+                        st, q = varint(buf, q, lend)
                         sess[i] = np.int8(st & np.uint64(0x7F))
                     else:
-                        q = _skip(buf, q, lend, np.int64(k2 & np.uint64(7)))
+                        q = skip_field(buf, q, lend, np.int64(k2 & np.uint64(7)))
                 p = lend
             elif (field == 4 or field == 9) and wt == 2:
                 what[i] = EV_GRAPH
-                p = _skip(buf, p, end, wt)
+                p = skip_field(buf, p, end, wt)
             else:
                 if field == 6 or field == 8:
                     what[i] = EV_OTHER
-                p = _skip(buf, p, end, wt)
+                p = skip_field(buf, p, end, wt)
             if p < 0 or p > end:
                 ok = False
                 break

@@ -14,34 +14,28 @@ Evidence, strongest first, each edge carrying its own:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 import duckdb
 import polars as pl
 
-LINEAGE = {
-    "child_run": pl.String,
-    "child_segment": pl.Int64,
-    "parent_run": pl.String,
-    "parent_step": pl.Int64,
-    "parent_checkpoint": pl.String,
-    "kind": pl.String,  # resume | recovery | fork
-    "evidence": pl.String,
-    "changes": pl.String,  # JSON: hparam changes of a recovery, else null
-}
+from workbench.store.schema import LINEAGE
 
 
 def build(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-    """All edges, from the views of one store generation."""
+    """All edges, from the views of one store generation (a `derive` hook of the store's commit)."""
     # per file and tag: a restart is judged between files that write the same tag (a monitor's
     # one-file-per-metric CSVs are parallel writers, not segments)
     segs = con.sql("""
-        SELECT fo.run_id, c.source, fo.path, fo.segment, ct.tag, min(ct.min_step) AS first_step, max(ct.max_step) AS last_step
-        FROM _file_order fo JOIN _chunks c USING (path) JOIN _chunk_tags ct USING (chunk_id)
-        GROUP BY ALL ORDER BY fo.run_id, c.source, fo.segment""").pl()
+        SELECT run_id, source, path, segment, tag, first_step, last_step
+        FROM file_tags ORDER BY run_id, source, segment""").pl()
     ckpts = con.sql("SELECT run_id, step, path, metadata FROM checkpoints WHERE step IS NOT NULL").pl()
     resumes = con.sql("SELECT run_id, step, attrs FROM events WHERE kind = 'resume'").pl()
     recoveries = con.sql("SELECT run_id, step, attrs FROM events WHERE kind = 'recovery' ORDER BY step").pl()
-    runs = con.sql("SELECT run_id, first_step FROM _runs_base").pl()
+    runs = con.sql(
+        "SELECT f.run_id, min(t.first_step) AS first_step FROM files f LEFT JOIN file_tags t USING (run_id) "
+        "WHERE f.format IS NOT NULL GROUP BY f.run_id"
+    ).pl()
     run_ids = set(runs["run_id"].to_list())
     edges: dict[tuple, dict] = {}
 
@@ -197,12 +191,36 @@ def path_to(con, run_id: str) -> list[tuple[str, int | None]]:
         path.insert(0, (e[0][0], e[0][1]))
 
 
-def tree_rows(con, run_id: str) -> tuple[list[tuple[str, int | None]], pl.DataFrame, pl.DataFrame]:
-    """(path from the root to run_id, every edge touching runs on that path or below it, runs)."""
-    path = path_to(con, run_id)
+@dataclass
+class TreeNode:
+    """One run in a lineage tree: its summary, its own resumes, and the runs that continued it."""
+
+    run: dict  # run_id, status, first_step, last_step, segments
+    resumes: list[dict] = field(default_factory=list)  # lineage rows of its resume edges
+    children: list[tuple[dict, TreeNode]] = field(default_factory=list)  # (edge, continued run)
+
+
+def tree(con, run_id: str) -> TreeNode:
+    """The lineage tree that holds `run_id`, from the root of its path down to every continuation."""
+    root = path_to(con, run_id)[0][0]
     edges = con.sql("SELECT * FROM lineage").pl()
-    runs = con.sql("SELECT run_id, status, first_step, last_step, segments FROM runs").pl()
-    return path, edges, runs
+    runs = {
+        r["run_id"]: r
+        for r in con.sql("SELECT run_id, status, first_step, last_step, segments FROM runs")
+        .pl()
+        .iter_rows(named=True)
+    }
+
+    def grow(run: str, seen: set[str]) -> TreeNode:
+        node = TreeNode(runs.get(run, {"run_id": run}))
+        for e in edges.filter(pl.col("parent_run") == run).iter_rows(named=True):
+            if e["child_run"] == run:
+                node.resumes.append(e)
+            elif e["child_run"] not in seen:
+                node.children.append((e, grow(e["child_run"], seen | {e["child_run"]})))
+        return node
+
+    return grow(root, {root})
 
 
 def _tag_filter(con, run: str, tag: str) -> str:

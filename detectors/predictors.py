@@ -1,4 +1,4 @@
-"""Convergence predictors, scored against what each run really did (DETECTORS.md §3.3).
+"""Convergence predictors, scored against what each run really did.
 
 Ground truth: a run's plateau onset is the first step s after which the EMA of the loss
 (smoothing weight 0.9) improves by less than EPS (0.5 %) over the next W (100) steps; a run whose
@@ -21,6 +21,7 @@ import polars as pl
 
 from detectors.builtins import Plateau
 from detectors.rules import Rule
+from workbench.store import Store
 
 EMA_WEIGHT, EPS, W, HORIZON = 0.9, 0.005, 100, 200
 FRACTIONS = (10, 25, 50)
@@ -43,7 +44,7 @@ PREDICTOR_RULES = {
 }
 
 
-def loss_series(store, run_ids: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def loss_series(store: Store, run_ids: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per run, the steps and values of its loss (the tag with the most points if several)."""
     df = (
         store.connect()
@@ -182,7 +183,7 @@ def curve_fit_scores(series: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
     return out
 
 
-def evaluate(store, runs: dict, replayed: dict) -> list[dict]:
+def evaluate_predictors(store: Store, runs: dict, replayed: dict) -> list[dict]:
     """The three predictor objects, every field present (null where it does not apply);
     `replayed` holds the replays of PREDICTOR_RULES over the same runs."""
     run_ids = sorted(runs)

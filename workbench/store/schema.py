@@ -109,7 +109,7 @@ LABELS = {
 }
 OUTCOMES = ("failed", "healthy", "unknown")
 
-# Alerts of the last replay of each rule over each run (see workbench.replay).
+# Alerts of the last replay of each rule over each run (see detectors.replay).
 ALERTS = {
     "run_id": pl.String,
     "rule": pl.String,
@@ -125,6 +125,35 @@ ALERTS = {
 
 ROOTS = {"root": pl.String}
 
+# Which source keeps the current row when two sources of a run log the same tag at the same
+# step: the lowest precedence wins (written by ingest from its format registry).
+SOURCES = {"source": pl.String, "precedence": pl.Int64}
+
+# End-of-run evidence found in a log file; the run's status is its strongest row (see views).
+EVIDENCE = {
+    "path": pl.String,
+    "run_id": pl.String,
+    "status": pl.String,  # one of STATUS_EVIDENCE
+    "message": pl.String,  # in words, shown as the run's `evidence`
+    "step": pl.Int64,
+    "failure": pl.String,  # the failure kind an automatic label takes from it, or null
+}
+# strongest first; `incomplete` (stopped before its planned end, no crash seen) reads as crashed
+STATUS_EVIDENCE = ("diverged", "crashed", "completed", "running", "incomplete")
+
+# Lineage edges, derived from a whole generation at ingest (see ingest.lineage).
+LINEAGE = {
+    "child_run": pl.String,
+    "child_segment": pl.Int64,
+    "parent_run": pl.String,
+    "parent_step": pl.Int64,
+    "parent_checkpoint": pl.String,
+    "kind": pl.String,  # resume | recovery | fork
+    "evidence": pl.String,
+    "changes": pl.String,  # JSON: hparam changes of a recovery, else null
+}
+DERIVED_TABLES = {"lineage": LINEAGE}
+
 META_TABLES = {
     "files": FILES,
     "chunks": CHUNKS,
@@ -133,6 +162,8 @@ META_TABLES = {
     "plugins": PLUGINS,
     "run_config": RUN_CONFIG,
     "roots": ROOTS,
+    "sources": SOURCES,
+    "evidence": EVIDENCE,
     "checkpoints": CHECKPOINTS,
     "labels": LABELS,
     "alerts": ALERTS,
@@ -149,17 +180,3 @@ def conform(df: pl.DataFrame, schema: dict, what: str) -> pl.DataFrame:
     if missing:
         raise ValueError(f"{what}: missing columns {missing}")
     return df.select([pl.col(c).cast(t, strict=True) for c, t in schema.items()])
-
-
-# When two sources of one run log the same tag at the same step, the first in this list keeps
-# the current row (the other stays in scalars_all, superseded): full-precision structured files
-# before binary summaries, and both before console text (rounded for display).
-SOURCE_PRECEDENCE = [
-    "hf_trainer",
-    "jsonl",
-    "tensorboard",
-    "mlflow",
-    "lightning_csv",
-    "deepspeed_monitor_csv",
-    "text_log",
-]

@@ -1,4 +1,4 @@
-"""Cached, read-only data access for the app: the only module the pages read the store through.
+"""Cached data access for the app: the only module the pages read the store (and run rules) through.
 
 Every cached read takes the store generation as its first argument, so a new ingest (a new
 generation) invalidates it; queries run on a per-generation in-memory DuckDB that never locks
@@ -11,6 +11,11 @@ import numpy as np
 import polars as pl
 import streamlit as st
 
+from detectors.backtest import Settings, backtest
+from detectors.replay import GUIDES, replay
+from detectors.rules import rules_from_text
+from ingest import lineage as lineage_graph
+from workbench.errors import WorkbenchError
 from workbench.store import Store
 
 SELECTED = "selected_runs"  # session key shared by the pages
@@ -90,7 +95,7 @@ def display_curve(
 ) -> dict | None:
     """A curve ready to draw (smoothed over every point, then downsampled) and what it takes to
     place events and alerts on it; cached, so later page views never touch the raw points."""
-    from workbench import charts
+    from workbench.app import charts
 
     s = series(gen, run_id, tag)
     if len(s["step"]) == 0:
@@ -166,55 +171,31 @@ def lineage(gen: str) -> pl.DataFrame:
 
 @st.cache_data(show_spinner=False)
 def stitched(gen: str, run_id: str, tag: str) -> pl.DataFrame:
-    from workbench import lineage as L
+    return lineage_graph.stitched(_connection(gen).cursor(), run_id, tag)
 
-    return L.stitched(_connection(gen).cursor(), run_id, tag)
+
+def guides_text() -> str:
+    """The guides' rule file, as an example to edit."""
+    return GUIDES.read_text()
 
 
 @st.cache_data(show_spinner="Replaying the rules over the selected runs ...")
-def backtest(gen: str, rules_text: str | None, runs_glob: str | None, horizon: int, lead: int) -> dict:
+def run_backtest(gen: str, rules_text: str | None, runs_glob: str | None, horizon: int, lead: int) -> dict:
     """Backtest results as plain data; errors come back as {"error": message}."""
-    import tempfile
-    from pathlib import Path
-
-    from detectors.rules import RuleFileError, load_rule_file
-    from workbench.backtest import Settings
-    from workbench.backtest import backtest as run_backtest
-    from workbench.replay import ReplayError
-
     try:
-        rules = None
-        if rules_text:
-            with tempfile.TemporaryDirectory() as d:
-                f = Path(d) / "rules.toml"
-                f.write_text(rules_text)
-                rules = load_rule_file(f)
-        res = run_backtest(
-            store(), rules, runs_glob or None, Settings(horizon=horizon, lead=lead, bootstrap=300)
-        )
-    except (RuleFileError, ReplayError) as e:
+        rules = rules_from_text(rules_text, "the rule text") if rules_text else None
+        res = backtest(store(), rules, runs_glob or None, Settings(horizon=horizon, lead=lead, bootstrap=300))
+    except WorkbenchError as e:
         return {"error": str(e)}
     return {"rules": res.rules, "predictors": res.predictors, "unknown": res.unknown_runs, "runs": res.runs}
 
 
 def replay_alerts(rules_text: str | None, runs_glob: str | None) -> str:
     """Replay and store the alerts (then the curves show them); returns a summary or the error."""
-    import tempfile
-    from pathlib import Path
-
-    from detectors.rules import RuleFileError, load_rule_file
-    from workbench.replay import ReplayError, run_replay
-    from workbench.store import StoreError
-
     try:
-        rules = None
-        if rules_text:
-            with tempfile.TemporaryDirectory() as d:
-                f = Path(d) / "rules.toml"
-                f.write_text(rules_text)
-                rules = load_rule_file(f)
-        result, _ = run_replay(store(), rules, runs_glob or None)
-    except (RuleFileError, ReplayError, StoreError) as e:
+        rules = rules_from_text(rules_text, "the rule text") if rules_text else None
+        result = replay(store(), rules, runs_glob or None)
+    except WorkbenchError as e:
         return f"error: {e}"
     return f"{result.alerts.height} alerts from {len(result.evaluable)} rules over {len(result.runs)} runs stored"
 

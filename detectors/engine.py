@@ -1,4 +1,5 @@
-"""Replay rules over stored runs exactly as they would have fired live, vectorised with polars.
+"""The rule engine: a rule evaluated over loaded series exactly as it would have fired live,
+vectorised with polars.
 
 For each rule and each evaluation unit (a run, or a run and a tag when the rule has a glob):
 1. Series leaves (a metric, or a window function of one) are computed on that series' own
@@ -24,13 +25,14 @@ from numba import njit
 from detectors import language
 from detectors.language import Binary, Call, Name, Num, Unary
 from detectors.rules import Rule
-from workbench import aliases, schema
+from workbench.errors import WorkbenchError
+from workbench.store import aliases, schema
 
 UNIT = ["rid", "key"]  # an evaluation unit: a run, or a run and a tag for glob rules
 ALERT_SCHEMA = schema.ALERTS
 
 
-class ReplayError(ValueError):
+class ReplayError(WorkbenchError):
     """A rule that cannot be evaluated on the selection (says what is available)."""
 
 
@@ -39,7 +41,9 @@ class SeriesData:
     """The points a replay needs: (run_id, tag, metric, step, value), current points only.
 
     Inside, runs and tags are integer codes (`rid`, `tid`) and points are split by tag once, so
-    that resolving a name, sorting and joining never touch strings.
+    that resolving a name, sorting and joining never touch strings. Code detectors read
+    `tags_frame` (rid, tid, run_id, tag, metric, n: one row per run and tag), `series(name)`,
+    `events`, `run_codes` and `run_ids(rids)`.
     """
 
     points: pl.DataFrame
@@ -65,16 +69,21 @@ class SeriesData:
             rid=pl.col("run_id").cast(pl.Categorical).to_physical().cast(pl.Int32),
             tid=pl.col("tag").cast(pl.Categorical).to_physical().cast(pl.Int32),
         )
-        self._tags = coded.group_by("rid", "tid").agg(pl.col("run_id", "tag", "metric").first(), n=pl.len())
+        self.tags_frame = coded.group_by("rid", "tid").agg(
+            pl.col("run_id", "tag", "metric").first(), n=pl.len()
+        )
         self._run_code = dict(
-            zip(*self._tags.select("run_id", "rid").unique().to_dict(as_series=False).values(), strict=True)
+            zip(
+                *self.tags_frame.select("run_id", "rid").unique().to_dict(as_series=False).values(),
+                strict=True,
+            )
         )
         extra = [r for r in self.runs if r not in self._run_code]  # selected runs with no points
         base = max(self._run_code.values(), default=-1) + 1
         self._run_code.update({r: base + i for i, r in enumerate(extra)})
         self.run_name = {c: r for r, c in self._run_code.items()}
         self.tag_name = dict(
-            zip(*self._tags.select("tid", "tag").unique().to_dict(as_series=False).values(), strict=True)
+            zip(*self.tags_frame.select("tid", "tag").unique().to_dict(as_series=False).values(), strict=True)
         )
         self.tag_names = sorted(self.tag_name.values())
         self._by_tag = {
@@ -82,7 +91,7 @@ class SeriesData:
             for k, v in coded.select("rid", "tid", "step", "value").partition_by("tid", as_dict=True).items()
         }
         self.points = pts
-        self._cache: dict = {}
+        self.cache: dict = {}  # per loaded batch: series, leaves and grids shared by rules and sweep points
 
     @property
     def run_codes(self) -> pl.DataFrame:
@@ -93,7 +102,7 @@ class SeriesData:
 
     def resolve(self, name: Name) -> pl.DataFrame:
         """(rid, tid, key) rows: which tag stands for `name` in each run (key = tid for globs, else -1)."""
-        t = self._tags
+        t = self.tags_frame
         if name.is_glob:
             hit = t.filter(pl.col("tag").str.contains("^" + aliases.glob_regex(name.name) + "$"))
             return hit.select("rid", "tid", key=pl.col("tid")).unique().sort("rid", "tid")
@@ -111,7 +120,7 @@ class SeriesData:
     def series(self, name: Name) -> pl.DataFrame:
         """(rid, key, step, value) of a name, sorted."""
         ck = ("series", name.name, name.quoted)
-        if ck not in self._cache:
+        if ck not in self.cache:
             parts = []
             for (tid, key), group in self.resolve(name).group_by("tid", "key", maintain_order=True):
                 frame = self._by_tag[tid]
@@ -122,15 +131,17 @@ class SeriesData:
             empty = pl.DataFrame(
                 schema={"rid": pl.Int32, "key": pl.Int32, "step": pl.Int64, "value": pl.Float64}
             )
-            self._cache[ck] = (
+            self.cache[ck] = (
                 pl.concat(parts).select(*UNIT, "step", "value").sort(*UNIT, "step") if parts else empty
             )
-        return self._cache[ck]
+        return self.cache[ck]
 
     def logged_steps(self) -> dict[str, np.ndarray]:
         """Per run, the steps of its most-logged series (what 'logged steps' counts in a backtest)."""
         densest = (
-            self._tags.sort("rid", -pl.col("n").cast(pl.Int64)).group_by("rid", maintain_order=True).first()
+            self.tags_frame.sort("rid", -pl.col("n").cast(pl.Int64))
+            .group_by("rid", maintain_order=True)
+            .first()
         )
         out = {}
         for rid, tid in densest.select("rid", "tid").iter_rows():
@@ -151,59 +162,10 @@ class SeriesData:
         )
 
     def available(self) -> str:
-        metrics = sorted(self._tags["metric"].drop_nulls().unique().to_list())
+        metrics = sorted(self.tags_frame["metric"].drop_nulls().unique().to_list())
         tags = self.tag_names
         shown = ", ".join(tags[:25]) + (f", ... ({len(tags)} tags)" if len(tags) > 25 else "")
         return f"metrics: {', '.join(metrics) or '-'}; tags: {shown or '-'}"
-
-
-def _sql_list(items: list[str]) -> str:
-    return "(" + ", ".join("'" + i.replace("'", "''") + "'" for i in items) + ")"
-
-
-def select_runs(store, runs_glob: str | None = None) -> list[tuple[str, int]]:
-    """(run_id, current points) of the runs matching the glob, in run order."""
-    where = "" if not runs_glob else f"WHERE run_id GLOB '{runs_glob.replace(chr(39), chr(39) * 2)}'"
-    return (
-        store.connect()
-        .sql(f"SELECT run_id, coalesce(points, 0) FROM runs {where} ORDER BY run_id")
-        .fetchall()
-    )
-
-
-def load(store, runs: list[str] | str | None = None) -> SeriesData:
-    """Every current point of the given runs (a list, or a glob over run ids)."""
-    if runs is None or isinstance(runs, str):
-        runs = [r for r, _ in select_runs(store, runs)]
-    con = store.connect()
-    where = f"WHERE run_id IN {_sql_list(runs)}" if runs else "WHERE false"
-    pts = con.sql(f"SELECT run_id, tag, metric, step, value FROM scalars {where}").pl()
-    ev = con.sql(f"SELECT run_id, step, kind, attrs FROM events {where}").pl()
-    return SeriesData(pts, ev, sorted(runs))
-
-
-def prefetched(store, groups: list[list[str]]):
-    """SeriesData per group of runs, loading the next group while the caller works on this one."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1, thread_name_prefix="load") as pool:
-        nxt = pool.submit(load, store, groups[0]) if groups else None
-        for i in range(len(groups)):
-            data = nxt.result()
-            nxt = pool.submit(load, store, groups[i + 1]) if i + 1 < len(groups) else None
-            yield data
-
-
-def batches(store, runs_glob: str | None, max_points: int = 20_000_000) -> list[list[str]]:
-    """Runs grouped so that each batch holds at most about `max_points` points (memory bound)."""
-    out, cur, n = [], [], 0
-    for run, points in select_runs(store, runs_glob):
-        if cur and n + points > max_points:
-            out.append(cur)
-            cur, n = [], 0
-        cur.append(run)
-        n += points
-    return out + ([cur] if cur else [])
 
 
 # ---- leaves: series computed on their own logged points -------------------------------------
@@ -339,9 +301,9 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
         s = data.series(name)
         if isinstance(node, Call):
             ck = ("leaf", text_key)
-            if ck not in data._cache:
-                data._cache[ck] = s.with_columns(value=_leaf_expr(node.fn, node.args[1].value))
-            s = data._cache[ck]
+            if ck not in data.cache:
+                data.cache[ck] = s.with_columns(value=_leaf_expr(node.fn, node.args[1].value))
+            s = data.cache[ck]
         frames.append((col, name, s))
     missing = [_text(name) for _, name, s in frames if s.is_empty()]
     if missing:
@@ -361,8 +323,8 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
     )
     units = units.filter(pl.col("rid").is_in(sorted(rids)))
     ck = ("aligned", tuple(leaves), rule.on)
-    if ck in data._cache:  # a sweep point of a rule already aligned: only the condition changes
-        grid = data._cache[ck].with_columns(cond=expr.fill_null(False))
+    if ck in data.cache:  # a sweep point of a rule already aligned: only the condition changes
+        grid = data.cache[ck].with_columns(cond=expr.fill_null(False))
         texts = [_text(node) for _, (c, node) in leaves.items()]
         return grid.select(*UNIT, "step", "cond", *[c for c, _, _ in frames]), texts, data.run_ids(rids)
     grid = _grid(rule, data, frames, units)
@@ -373,7 +335,7 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
         by = UNIT if name.is_glob else ["rid"]
         right = s.select(*by, "step", pl.col("value").alias(col))
         grid = grid.join_asof(right, on="step", by=by, strategy="backward", check_sortedness=False)
-    data._cache[ck] = grid
+    data.cache[ck] = grid
     grid = grid.with_columns(cond=expr.fill_null(False))
     texts = [_text(node) for _, (c, node) in leaves.items()]
     return grid.select(*UNIT, "step", "cond", *[c for c, _, _ in frames]), texts, data.run_ids(rids)
@@ -389,8 +351,8 @@ def _same_rows(a: pl.DataFrame, b: pl.DataFrame, keyed: bool = True) -> bool:
 def _grid(rule: Rule, data: SeriesData, frames: list, units: pl.DataFrame) -> pl.DataFrame:
     """The steps a rule is evaluated at, per unit, sorted (cached per set of series)."""
     ck = ("grid", tuple(sorted({(n.name, n.quoted) for _, n, _ in frames})), rule.on)
-    if ck in data._cache:
-        return data._cache[ck]
+    if ck in data.cache:
+        return data.cache[ck]
     if rule.on:
         on = data.series(Name(rule.on, False, 0))
         if on.is_empty():
@@ -414,7 +376,7 @@ def _grid(rule: Rule, data: SeriesData, frames: list, units: pl.DataFrame) -> pl
             ]
             grid = parts[0] if len(parts) == 1 else pl.concat(parts).unique()
     grid = grid.sort(*UNIT, "step")
-    data._cache[ck] = grid
+    data.cache[ck] = grid
     return grid
 
 
@@ -511,95 +473,11 @@ def alerts_from(rule: Rule, frame: pl.DataFrame, texts: list[str], data: SeriesD
     ).cast(ALERT_SCHEMA)
 
 
-@dataclass
-class ReplayResult:
-    alerts: pl.DataFrame
-    evaluable: dict[str, list[str]]  # rule id (with params) -> runs where it could be evaluated
-    runs: list[str]
-
-
-def replay_rule(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str]]:
-    """Alerts of one rule (one parameter point) and the runs where it was evaluable."""
+def evaluate(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str]]:
+    """Alerts of one rule (one parameter point) over the loaded runs, and the runs where it was
+    evaluable. Raises ReplayError when it is evaluable nowhere."""
     if rule.when is None:
         frame, texts, runs_ok = rule.detector.conditions(data)
     else:
         frame, texts, runs_ok = conditions(rule, data)
     return alerts_from(rule, frame, texts, data), runs_ok
-
-
-def replay(rules: list[Rule], data: SeriesData) -> ReplayResult:
-    out, evaluable = [], {}
-    for rule in rules:
-        for point in rule.sweep_points():
-            alerts, runs_ok = replay_rule(point, data)
-            out.append(alerts)
-            evaluable[f"{point.id} {point.params_json}"] = runs_ok
-    alerts = pl.concat(out) if out else pl.DataFrame(schema=ALERT_SCHEMA)
-    return ReplayResult(alerts.sort("run_id", "rule", "params", "step_start"), evaluable, data.runs)
-
-
-def default_rules() -> list[Rule]:
-    """The built-in detectors and the guides' rule set (detectors/guides.toml)."""
-    from pathlib import Path
-
-    from detectors.builtins import builtin_rules
-    from detectors.rules import load_rule_file
-
-    return builtin_rules() + load_rule_file(
-        Path(__file__).resolve().parent.parent / "detectors" / "guides.toml"
-    )
-
-
-@dataclass
-class RuleReplay:
-    """One rule over a selection: its alerts, where it could be evaluated, and why not elsewhere."""
-
-    alerts: pl.DataFrame
-    evaluable: list[str]
-    error: str | None = None
-
-
-def replay_all(store, rules: list[Rule], groups: list[list[str]], on_batch=None) -> list[RuleReplay]:
-    """Every rule over every batch of runs; each batch is loaded once for all of them (and
-    handed to `on_batch` first, for callers that need more of it)."""
-    parts: list[list[pl.DataFrame]] = [[] for _ in rules]
-    runs_ok: list[list[str]] = [[] for _ in rules]
-    errors: list[str | None] = [None] * len(rules)
-    for data in prefetched(store, groups):
-        if on_batch is not None:
-            on_batch(data)
-        for i, rule in enumerate(rules):
-            try:
-                alerts, ok = replay_rule(rule, data)
-            except ReplayError as e:
-                errors[i] = errors[i] or str(e)
-                continue
-            parts[i].append(alerts)
-            runs_ok[i] += ok
-    return [
-        RuleReplay(pl.concat(a) if a else pl.DataFrame(schema=ALERT_SCHEMA), ok, None if ok else err)
-        for a, ok, err in zip(parts, runs_ok, errors, strict=True)
-    ]
-
-
-def run_replay(store, rules: list[Rule] | None, runs_glob: str | None) -> tuple[ReplayResult, dict[str, str]]:
-    """Replay (each rule at its own parameters) and store the alerts; returns the result and,
-    for default rules that could not be evaluated on this selection, why."""
-    explicit = rules is not None
-    rules = rules if explicit else default_rules()
-    groups = batches(store, runs_glob)
-    if not groups:
-        raise ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")
-    done = replay_all(store, rules, groups)
-    # absent from every selected run: an error for the user's rules, a note for the defaults
-    skipped = {r.id: d.error for r, d in zip(rules, done, strict=True) if d.error}
-    if explicit and skipped:
-        raise ReplayError(next(iter(skipped.values())))
-    evaluable = {r.id: d.evaluable for r, d in zip(rules, done, strict=True) if not d.error}
-    alerts = pl.concat([d.alerts for d in done])
-    all_runs = [r for g in groups for r in g]
-    result = ReplayResult(alerts.sort("run_id", "rule", "step_start"), evaluable, all_runs)
-    with store.writer() as w:
-        w.set_alerts([r.id for r in rules], all_runs, result.alerts)
-        w.commit()
-    return result, skipped

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import polars as pl
 from numba import njit
 
 
@@ -58,18 +57,6 @@ class Points:
             np.concatenate([p.step for p in parts]),
             np.concatenate([p.wall_time for p in parts]),
             np.concatenate([p.value for p in parts]),
-        )
-
-    @classmethod
-    def from_frame(cls, df: pl.DataFrame) -> Points:
-        """From a frame with columns tag, step, wall_time, value (text formats build these)."""
-        tags, codes = np.unique(df["tag"].cast(pl.String).to_numpy().astype(object), return_inverse=True)
-        return cls(
-            [str(t) for t in tags],
-            codes,
-            df["step"].cast(pl.Int64).to_numpy(),
-            df["wall_time"].cast(pl.Float64).fill_null(np.nan).to_numpy(),
-            df["value"].cast(pl.Float64).fill_null(np.nan).to_numpy(),
         )
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from ingest.base import Batch, Problem, ReadContext
-from ingest.textio import line_blocks, read_head, to_float
-from workbench.points import Points, PointsBuilder
+from ingest.lines import LineIngestor, LineParser, read_head, to_float
+from workbench.store.points import Points, PointsBuilder
 
 STEP_KEYS = (
     "step",
@@ -94,13 +94,45 @@ class RecordsToPoints:
         return {"last_step": self.last_step, "no_step": self.no_step}
 
 
-class JsonLinesIngestor:
-    name = "jsonl"
-    appendable = True
-    needs_head = True
+class _JsonLinesParser(LineParser):
+    def __init__(self, path: Path, ctx: ReadContext):
+        super().__init__(path, ctx)
+        self.conv = RecordsToPoints(ctx.state)
 
-    @staticmethod
-    def sniff(path: Path, head: bytes) -> bool:
+    def feed(self, text: str, batch: Batch) -> None:
+        text = text.strip()
+        if not text:
+            return
+        try:
+            rec = json.loads(text)
+        except ValueError as e:
+            why = f"not JSON ({e.msg} at column {e.colno}); line skipped"
+            batch.problems.append(Problem(self.line, "bad_json", f"line {self.line}: {why}"))
+            return
+        if not isinstance(rec, dict):
+            why = f"a JSON {type(rec).__name__}, not an object; skipped"
+            batch.problems.append(Problem(self.line, "bad_json", f"line {self.line}: {why}"))
+            return
+        batch.records += 1
+        self.conv.add(rec)
+
+    def end_block(self, batch: Batch, last: bool) -> None:
+        batch.points = self.conv.points()
+        if self.conv.no_step:
+            batch.note = (
+                f"{self.conv.no_step} records before the first step were skipped (no step to place them at)"
+            )
+
+    def state(self) -> dict:
+        return {**self.conv.state(), "line": self.line}
+
+
+class JsonLinesIngestor(LineIngestor):
+    name = "jsonl"
+    precedence = 20
+    parser = _JsonLinesParser
+
+    def sniff(self, path: Path, head: bytes) -> bool:
         name = path.name.lower()
         if any(s in name for s in HF_SPECIAL) or not (".json" in name or name.endswith((".log", ".txt"))):
             return False
@@ -118,48 +150,10 @@ class JsonLinesIngestor:
         return isinstance(rec, dict) and any(to_float(v) is not None for _, v in flatten(rec))
 
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
-        head = read_head(path, 64).lstrip()
-        if head[:1] == b"[":
+        if read_head(path, 64).lstrip()[:1] == b"[":
             yield from self._read_array(path)
-            return
-        conv = RecordsToPoints(ctx.state)
-        line_no = ctx.state.get("line", 0)
-        for b0, b1, lines in line_blocks(path, start):
-            batch = Batch(start=b0, end=b1)
-            for text in lines:
-                line_no += 1
-                text = text.strip()
-                if not text:
-                    continue
-                try:
-                    rec = json.loads(text)
-                except ValueError as e:
-                    batch.problems.append(
-                        Problem(
-                            line_no,
-                            "bad_json",
-                            f"line {line_no}: not JSON ({e.msg} at column {e.colno}); line skipped",
-                        )
-                    )
-                    continue
-                if not isinstance(rec, dict):
-                    batch.problems.append(
-                        Problem(
-                            line_no,
-                            "bad_json",
-                            f"line {line_no}: a JSON {type(rec).__name__}, not an object; skipped",
-                        )
-                    )
-                    continue
-                batch.records += 1
-                conv.add(rec)
-            batch.points = conv.points()
-            batch.state = {**conv.state(), "line": line_no}
-            if conv.no_step:
-                batch.note = (
-                    f"{conv.no_step} records before the first step were skipped (no step to place them at)"
-                )
-            yield batch
+        else:
+            yield from super().read(path, start, ctx)
 
     def _read_array(self, path: Path) -> Iterator[Batch]:
         import gzip

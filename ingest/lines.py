@@ -1,4 +1,5 @@
-"""Reading text logs incrementally: whole lines only, `.gz` transparently, bounded memory."""
+"""Line formats (JSON Lines, CSV, console text): whole lines only, `.gz` transparently, bounded
+memory, and the shared reader (`LineIngestor` + a per-file `LineParser`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
-# a number as loggers print it, including nan/inf (FORMATS.md §3)
+from ingest.base import Batch, Ingestor, ReadContext
+
+# a number as loggers print it, including nan/inf
 NUM = r"(?:[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf|Infinity|NaN))"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 BLOCK = 8 << 20
@@ -131,3 +135,44 @@ def list_ahead(items: Iterator) -> Iterator[tuple[object, bool]]:
         yield prev, False
         prev = item
     yield prev, True
+
+
+class LineParser:
+    """One file's reading state in a line format, carried between ingests in the file's state.
+
+    The reader calls `feed` for every line (after advancing `line`, the 1-based line number),
+    then `end_block` once per block of lines, which fills the batch's points.
+    """
+
+    def __init__(self, path: Path, ctx: ReadContext):
+        self.path = path
+        self.ctx = ctx
+        self.line = ctx.state.get("line", 0)
+
+    def feed(self, text: str, batch: Batch) -> None:
+        raise NotImplementedError
+
+    def end_block(self, batch: Batch, last: bool) -> None:
+        """The block's lines are all fed; `last`: no more complete lines follow (for now)."""
+
+    def state(self) -> dict:
+        return {"line": self.line}
+
+
+class LineIngestor(Ingestor):
+    """A format read line by line, resuming at the last complete line (see `line_blocks`)."""
+
+    appendable = True
+    needs_head = True
+    parser: ClassVar[type[LineParser]]
+
+    def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
+        parser = self.parser(path, ctx)
+        for (b0, b1, lines), last in list_ahead(line_blocks(path, start)):
+            batch = Batch(start=b0, end=b1)
+            for text in lines:
+                parser.line += 1
+                parser.feed(text, batch)
+            parser.end_block(batch, last)
+            batch.state = parser.state()
+            yield batch

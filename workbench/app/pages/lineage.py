@@ -3,15 +3,15 @@
 import polars as pl
 import streamlit as st
 
-from workbench import app_data, charts
+from workbench.app import charts, data
 
 st.title("Lineage")
-gen = app_data.generation()
+gen = data.generation()
 if gen is None:
-    st.info(app_data.no_store_message())
+    st.info(data.no_store_message())
     st.stop()
-edges = app_data.lineage(gen)
-runs = app_data.runs(gen)
+edges = data.lineage(gen)
+runs = data.runs(gen)
 if edges.is_empty():
     st.info(
         "No lineage yet: no run resumed, restarted or forked from another's checkpoint in this store "
@@ -29,7 +29,7 @@ candidates = children or edges["child_run"].unique().sort().to_list()
 c1, c2 = st.columns(2)
 run = c1.selectbox("Run (the path goes from its root to it)", candidates, key="lineage_run")
 tag = c2.text_input("Tag or metric", "loss", key="lineage_tag")
-s = app_data.stitched(gen, run, tag)
+s = data.stitched(gen, run, tag)
 if s.is_empty():
     st.info(f"No `{tag}` points along this path.")
     st.stop()

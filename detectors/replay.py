@@ -1,0 +1,155 @@
+"""Replay: rules over stored runs, a batch of runs at a time, as they would have fired live.
+
+Runs are loaded in batches bounded by their point count (the next batch loads while this one is
+evaluated); each batch is evaluated by every rule and sweep point (`detectors.engine`), so a
+backtest of many rules reads every run once. `replay` stores the alerts it finds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from detectors.builtins import builtin_rules
+from detectors.engine import ALERT_SCHEMA, ReplayError, SeriesData, evaluate
+from detectors.rules import Rule, load_rule_file
+from workbench.store import Store
+
+GUIDES = Path(__file__).resolve().parent / "guides.toml"
+
+
+def default_rules() -> list[Rule]:
+    """The built-in detectors and the guides' rule set (detectors/guides.toml)."""
+    return builtin_rules() + load_rule_file(GUIDES)
+
+
+def select_runs(store: Store, runs_glob: str | None = None) -> list[tuple[str, int]]:
+    """(run_id, current points) of the runs matching the glob, in run order."""
+    con = store.connect()
+    return con.execute(
+        "SELECT run_id, coalesce(points, 0) FROM runs WHERE ? IS NULL OR run_id GLOB ? ORDER BY run_id",
+        [runs_glob, runs_glob],
+    ).fetchall()
+
+
+def load(store: Store, runs: list[str] | str | None = None) -> SeriesData:
+    """Every current point of the given runs (a list, or a glob over run ids)."""
+    if runs is None or isinstance(runs, str):
+        runs = [r for r, _ in select_runs(store, runs)]
+    con = store.connect()
+    pts = con.sql(
+        "SELECT run_id, tag, metric, step, value FROM scalars WHERE list_contains(?, run_id)", params=[runs]
+    ).pl()
+    ev = con.sql(
+        "SELECT run_id, step, kind, attrs FROM events WHERE list_contains(?, run_id)", params=[runs]
+    ).pl()
+    return SeriesData(pts, ev, sorted(runs))
+
+
+def prefetched(store: Store, groups: list[list[str]]) -> Iterator[SeriesData]:
+    """SeriesData per group of runs, loading the next group while the caller works on this one."""
+    with ThreadPoolExecutor(1, thread_name_prefix="load") as pool:
+        nxt = pool.submit(load, store, groups[0]) if groups else None
+        for i in range(len(groups)):
+            data = nxt.result()
+            nxt = pool.submit(load, store, groups[i + 1]) if i + 1 < len(groups) else None
+            yield data
+
+
+def batches(store: Store, runs_glob: str | None, max_points: int = 20_000_000) -> list[list[str]]:
+    """Runs grouped so that each batch holds at most about `max_points` points (memory bound)."""
+    out, cur, n = [], [], 0
+    for run, points in select_runs(store, runs_glob):
+        if cur and n + points > max_points:
+            out.append(cur)
+            cur, n = [], 0
+        cur.append(run)
+        n += points
+    return out + ([cur] if cur else [])
+
+
+@dataclass
+class ReplayResult:
+    alerts: pl.DataFrame
+    evaluable: dict[str, list[str]]  # rule id -> runs where it could be evaluated
+    runs: list[str]
+    skipped: dict[str, str]  # default rules not evaluable on this selection -> why
+
+    def summary(self) -> pl.DataFrame:
+        """Per evaluable rule: runs_evaluable, alerts, runs_alerted, first_fired."""
+        by_rule = self.alerts.group_by("rule").agg(
+            alerts=pl.len(), runs_alerted=pl.col("run_id").n_unique(), first_fired=pl.col("step_fired").min()
+        )
+        evaluable = pl.DataFrame(
+            {"rule": list(self.evaluable), "runs_evaluable": [len(v) for v in self.evaluable.values()]},
+            schema={"rule": pl.String, "runs_evaluable": pl.Int64},
+        )
+        return evaluable.join(by_rule, on="rule", how="left").with_columns(
+            pl.col("alerts", "runs_alerted").fill_null(0)
+        )
+
+
+@dataclass
+class RuleReplay:
+    """One rule over a selection: its alerts, where it could be evaluated, and why not elsewhere."""
+
+    alerts: pl.DataFrame
+    evaluable: list[str]
+    error: str | None = None
+
+
+def replay_batches(
+    store: Store,
+    rules: list[Rule],
+    groups: list[list[str]],
+    on_batch: Callable[[SeriesData], None] | None = None,
+) -> list[RuleReplay]:
+    """Every rule over every batch of runs; each batch is loaded once for all of them (and
+    handed to `on_batch` first, for callers that need more of it)."""
+    parts: list[list[pl.DataFrame]] = [[] for _ in rules]
+    runs_ok: list[list[str]] = [[] for _ in rules]
+    errors: list[str | None] = [None] * len(rules)
+    for data in prefetched(store, groups):
+        if on_batch is not None:
+            on_batch(data)
+        for i, rule in enumerate(rules):
+            try:
+                alerts, ok = evaluate(rule, data)
+            except ReplayError as e:
+                errors[i] = errors[i] or str(e)
+                continue
+            parts[i].append(alerts)
+            runs_ok[i] += ok
+    return [
+        RuleReplay(pl.concat(a) if a else pl.DataFrame(schema=ALERT_SCHEMA), ok, None if ok else err)
+        for a, ok, err in zip(parts, runs_ok, errors, strict=True)
+    ]
+
+
+def replay(store: Store, rules: list[Rule] | None, runs_glob: str | None) -> ReplayResult:
+    """Replay (each rule at its own parameters) over the selected runs and store the alerts.
+
+    Without `rules`, the defaults; those not evaluable on the selection are listed in `skipped`.
+    A rule the user gave that is evaluable nowhere is an error.
+    """
+    explicit = rules is not None
+    rules = rules if explicit else default_rules()
+    groups = batches(store, runs_glob)
+    if not groups:
+        raise ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")
+    done = replay_batches(store, rules, groups)
+    skipped = {r.id: d.error for r, d in zip(rules, done, strict=True) if d.error}
+    if explicit and skipped:
+        raise ReplayError(next(iter(skipped.values())))
+    evaluable = {r.id: d.evaluable for r, d in zip(rules, done, strict=True) if not d.error}
+    alerts = pl.concat([d.alerts for d in done])
+    all_runs = [r for g in groups for r in g]
+    result = ReplayResult(alerts.sort("run_id", "rule", "step_start"), evaluable, all_runs, skipped)
+    with store.writer() as w:
+        w.set_alerts([r.id for r in rules], all_runs, result.alerts)
+        w.commit()
+    return result

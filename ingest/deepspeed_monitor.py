@@ -1,0 +1,81 @@
+"""DeepSpeed monitor CSVs: `<output_path>/<job_name>/Train_Samples_train_loss.csv`, header
+`step,<name>`, one file per metric.
+
+The x axis counts *samples*. With the run's `train_batch_size` (from its ds_config) the x
+becomes the optimizer step and the sample count is kept as the series `samples`; without a
+config the x is stored as is and the run's notes say so. A restarted job appends a second
+header mid-file: it is skipped, and the re-logged steps supersede the old ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ingest.base import Batch, Problem, ReadContext
+from ingest.ds_config import batch_size_of
+from ingest.lines import LineIngestor, LineParser, to_float
+from workbench.store.points import Points
+
+EVENT_PREFIXES = {"Train_Samples_": "Train/Samples/", "Train_Eigenvalues_": "Train/Eigenvalues/"}
+
+
+class _MonitorCsvParser(LineParser):
+    def __init__(self, path: Path, ctx: ReadContext):
+        super().__init__(path, ctx)
+        stem = path.stem
+        self.tag = next(
+            (new + stem[len(old) :] for old, new in EVENT_PREFIXES.items() if stem.startswith(old)), stem
+        )
+        self.tbs = batch_size_of(ctx.run_config)
+        self.samples: list[int] = []
+        self.values: list[float] = []
+
+    def feed(self, text: str, batch: Batch) -> None:
+        parts = text.strip().split(",")
+        if not text.strip() or parts[0] == "step":  # a restarted job writes the header again
+            return
+        x, v = (to_float(parts[0]), to_float(parts[1])) if len(parts) == 2 else (None, None)
+        if x is None or v is None:
+            batch.problems.append(
+                Problem(
+                    self.line,
+                    "bad_row",
+                    f"line {self.line}: expected 'step,value', got {text.strip()[:80]!r}; skipped",
+                )
+            )
+            return
+        self.samples.append(int(x))
+        self.values.append(v)
+        batch.records += 1
+
+    def end_block(self, batch: Batch, last: bool) -> None:
+        samples = np.array(self.samples, np.int64)
+        values = np.array(self.values, np.float64)
+        n = len(values)
+        if self.tbs:
+            tags = [self.tag, "samples"]
+            codes = np.r_[np.zeros(n, np.int32), np.ones(n, np.int32)]
+            steps = np.r_[samples // self.tbs, samples // self.tbs]
+            values = np.r_[values, samples.astype(np.float64)]
+        else:
+            tags, codes, steps = [self.tag], np.zeros(n, np.int32), samples
+            batch.note = (
+                "x axis is samples: no ds_config with train_batch_size in this run to turn it into steps"
+            )
+        batch.points = Points(tags, codes, steps, np.full(len(codes), np.nan), values)
+        self.samples, self.values = [], []
+
+
+class DeepSpeedMonitorCsvIngestor(LineIngestor):
+    name = "deepspeed_monitor_csv"
+    precedence = 60
+    sub_source = True
+    parser = _MonitorCsvParser
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        if not path.name.endswith(".csv"):
+            return False
+        first = head.split(b"\n", 1)[0].strip().split(b",")
+        return len(first) == 2 and first[0] == b"step" and bool(first[1])

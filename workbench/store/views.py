@@ -1,0 +1,218 @@
+"""The SQL views over one store generation: what `workbench sql`, the app and the detectors read.
+
+Preemption (what `superseded` means): within a (run, source, tag), points are ordered as they
+were written: files by their first wall time (then first step, then path), chunks by offset,
+rows in file order. A point is superseded when a later point has a step <= its own, as
+TensorBoard's loader does when a resumed writer logs step 100 again. When several sources of a
+run log a tag at the same step, the source with the lowest precedence (table `sources`) keeps
+the current row. The view `scalars` keeps the current rows, so it is unique on (run_id, tag, step).
+
+Run status comes from end-of-run evidence rows (table `evidence`, written by the readers) and
+from the points themselves (a non-finite last loss), strongest first, with the evidence in words.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+import workbench.store.aliases as aliases
+import workbench.store.schema as schema
+from workbench.store.sql import duck_type, empty_select, literal
+
+
+def _meta_sql(gen: Path, table: str, sch: dict) -> str:
+    """A generation's table; tables or columns newer than the store read as empty/null."""
+    path = gen / f"{table}.parquet"
+    if not path.exists():
+        return empty_select(sch)
+    have = set(pq.read_schema(path).names)
+    cols = ", ".join(
+        f'"{c}"' if c in have else f'CAST(NULL AS {duck_type(t)}) AS "{c}"' for c, t in sch.items()
+    )
+    return f"SELECT {cols} FROM read_parquet({literal(str(path))})"
+
+
+def _parts_sql(folder: Path, pattern: str, sch: dict, select: str) -> str:
+    """Every Parquet part under `folder` matching `pattern`, or no rows when there are none yet."""
+    if folder.exists() and next(folder.glob(pattern), None) is not None:  # stops at the first match
+        return select.format(src=f"read_parquet({literal(str(folder / pattern))})")
+    return empty_select(sch)
+
+
+def view_statements(root: Path, gen: Path) -> list[str]:
+    """CREATE VIEW statements for the documented views over one generation."""
+    stmts = [
+        f"CREATE OR REPLACE VIEW _{t} AS {_meta_sql(gen, t, sch)}"
+        for t, sch in {**schema.META_TABLES, **schema.DERIVED_TABLES}.items()
+    ]
+    part_sql = _parts_sql(root / "scalars", "*/c*.parquet", schema.SCALAR_PART, "SELECT * FROM {src}")
+    event_sql = _parts_sql(
+        root / "events",
+        "*/e*.parquet",
+        {c: t for c, t in schema.EVENT_PART.items() if c != "chunk_id"},
+        "SELECT e.* EXCLUDE (chunk_id) FROM {src} e SEMI JOIN _chunks c ON c.chunk_id = e.chunk_id",
+    )
+    user = aliases.load_user_aliases(root, Path.cwd())
+    metric_rows = f"SELECT DISTINCT tag, {aliases.metric_case_sql('tag', user)} AS metric FROM _chunk_tags"
+    stmts += [
+        f"CREATE OR REPLACE VIEW _parts AS {part_sql}",
+        f"CREATE OR REPLACE VIEW _events AS {event_sql}",
+        f"CREATE OR REPLACE VIEW _tag_metric AS {metric_rows}",
+        # segments: a run's files in the order they were written: by first wall time; files
+        # without one (console logs) by their first step (a resumed log starts below the previous
+        # one's end but above its start), then by path
+        """CREATE OR REPLACE VIEW _file_order AS
+           WITH first_steps AS (SELECT c.path, min(ct.min_step) AS first_step
+                                FROM _chunks c JOIN _chunk_tags ct USING (chunk_id) GROUP BY c.path)
+           SELECT f.path, f.run_id, fs.first_step,
+                  dense_rank() OVER (PARTITION BY f.run_id
+                                     ORDER BY f.first_wall_time NULLS LAST, fs.first_step NULLS LAST, f.path) - 1 AS segment
+           FROM _files f LEFT JOIN first_steps fs USING (path) WHERE f.format IS NOT NULL""",
+        # per file and tag: its segment, step range and points (what lineage judges restarts by)
+        """CREATE OR REPLACE VIEW file_tags AS
+           SELECT fo.run_id, c.source, fo.path, fo.segment, ct.tag,
+                  sum(ct.points) AS points, min(ct.min_step) AS first_step, max(ct.max_step) AS last_step
+           FROM _file_order fo JOIN _chunks c USING (path) JOIN _chunk_tags ct USING (chunk_id)
+           GROUP BY ALL""",
+        """CREATE OR REPLACE VIEW _cutoffs AS
+           SELECT ct.chunk_id, ct.tag,
+                  min(ct.min_step) OVER (
+                      PARTITION BY c.run_id, c.source, ct.tag
+                      ORDER BY fo.segment, c.start_offset
+                      ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS cutoff
+           FROM _chunk_tags ct JOIN _chunks c USING (chunk_id)
+           JOIN _file_order fo ON fo.path = c.path""",
+        """CREATE OR REPLACE VIEW _points AS
+           SELECT p.run_id, p.tag, m.metric, p.step, p.wall_time, p.value,
+                  c.source, fo.segment, c.path AS source_file,
+                  (p.local_superseded OR coalesce(p.step >= k.cutoff, false)) AS superseded,
+                  coalesce(s.precedence, 1000000) AS source_rank
+           FROM _parts p
+           JOIN _chunks c ON c.chunk_id = p.chunk_id
+           JOIN _file_order fo ON fo.path = c.path
+           LEFT JOIN _sources s ON s.source = c.source
+           LEFT JOIN _cutoffs k ON k.chunk_id = p.chunk_id AND k.tag = p.tag
+           LEFT JOIN _tag_metric m ON m.tag = p.tag""",
+        # tags that several sources of a run log: only these need the cross-source ranking
+        """CREATE OR REPLACE VIEW _multi_source AS
+           SELECT c.run_id, ct.tag FROM _chunk_tags ct JOIN _chunks c USING (chunk_id)
+           GROUP BY ALL HAVING count(DISTINCT c.source) > 1""",
+        """CREATE OR REPLACE VIEW scalars_all AS
+           SELECT * EXCLUDE (source_rank) FROM _points p
+           WHERE NOT EXISTS (SELECT 1 FROM _multi_source ms WHERE ms.run_id = p.run_id AND ms.tag = p.tag)
+           UNION ALL
+           SELECT * EXCLUDE (source_rank, current_rank) REPLACE (superseded OR current_rank > 1 AS superseded)
+           FROM (SELECT p.*, CASE WHEN p.superseded THEN 0 ELSE row_number() OVER (
+                     PARTITION BY p.run_id, p.tag, p.step, p.superseded ORDER BY p.source_rank) END AS current_rank
+                 FROM _points p SEMI JOIN _multi_source ms ON ms.run_id = p.run_id AND ms.tag = p.tag)""",
+        """CREATE OR REPLACE VIEW scalars AS
+           SELECT run_id, tag, metric, step, wall_time, value FROM scalars_all
+           WHERE NOT superseded""",
+        """CREATE OR REPLACE VIEW files AS
+           SELECT f.path, f.run_id, f.format, f.status, f.size, f.consumed, f.records,
+                  f.points, f.problems, f.note, f.contents, fo.segment,
+                  to_timestamp(f.mtime_ns / 1e9) AS mtime, to_timestamp(f.ingested_at) AS ingested_at
+           FROM _files f LEFT JOIN _file_order fo USING (path)""",
+        "CREATE OR REPLACE VIEW events AS SELECT run_id, step, wall_time, kind, message, attrs, "
+        'path AS source_file, "offset" FROM _events',
+        "CREATE OR REPLACE VIEW problems AS SELECT * FROM _problems",
+        "CREATE OR REPLACE VIEW alerts AS SELECT * FROM _alerts",
+        "CREATE OR REPLACE VIEW checkpoints AS SELECT run_id, step, path, kind, to_timestamp(wall_time) AS wall_time, "
+        "size, files, metadata, sha256 FROM _checkpoints",
+        f"CREATE OR REPLACE VIEW _run_status AS {run_status_sql()}",
+        # manual labels win (the CLI over labels.toml); evidence gives auto labels to the rest
+        """CREATE OR REPLACE VIEW _auto_labels AS
+           WITH nf AS (SELECT p.run_id, min(p.step) AS onset FROM _parts p JOIN _tag_metric m USING (tag)
+                       WHERE m.metric = 'loss' AND NOT isfinite(p.value) GROUP BY p.run_id),
+                ev AS (SELECT run_id, failure AS kind, min(step) AS onset FROM _evidence
+                       WHERE failure IS NOT NULL GROUP BY ALL)
+           SELECT run_id, 'failed' AS outcome, onset, kind FROM (
+               SELECT run_id, onset, 'divergence_nan' AS kind, 1 AS pref FROM nf
+               UNION ALL SELECT run_id, onset, kind, 2 FROM ev)
+           QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY pref, onset NULLS LAST, kind) = 1""",
+        """CREATE OR REPLACE VIEW labels AS
+           SELECT run_id, outcome, onset, kind, 'manual' AS source, note, origin FROM _labels
+           QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY origin = 'workbench label' DESC) = 1
+           UNION ALL
+           SELECT a.run_id, a.outcome, a.onset, a.kind, 'auto', 'from evidence in the logs', NULL
+           FROM _auto_labels a WHERE a.run_id NOT IN (SELECT run_id FROM _labels)""",
+        """CREATE OR REPLACE VIEW _runs_base AS
+           WITH pts AS (
+               SELECT c.run_id, sum(ct.points) AS points, count(DISTINCT ct.tag) AS tags,
+                      min(ct.min_step) AS first_step, max(ct.max_step) AS last_step
+               FROM _chunk_tags ct JOIN _chunks c USING (chunk_id) GROUP BY c.run_id),
+           fl AS (
+               SELECT run_id, string_agg(DISTINCT format, ',' ORDER BY format) AS formats,
+                      count(*) AS files, sum(problems) AS problems,
+                      min(first_wall_time) AS first_wall_time,
+                      max(mtime_ns) AS last_mtime_ns, max(ingested_at) AS ingested_at
+               FROM _files WHERE format IS NOT NULL GROUP BY run_id),
+           seg AS (SELECT run_id, count(*) AS segments FROM _file_order GROUP BY run_id)
+           SELECT fl.run_id, rs.status, rs.evidence, fl.formats, fl.files, seg.segments,
+                  coalesce(pts.points, 0) AS points, coalesce(pts.tags, 0) AS tags,
+                  pts.first_step, pts.last_step,
+                  to_timestamp(fl.first_wall_time) AS started,
+                  to_timestamp(fl.last_mtime_ns / 1e9) AS last_write,
+                  fl.problems, rc.config, to_timestamp(fl.ingested_at) AS ingested_at
+           FROM fl LEFT JOIN pts USING (run_id) LEFT JOIN seg USING (run_id)
+           LEFT JOIN _run_config rc USING (run_id)
+           LEFT JOIN _run_status rs USING (run_id)""",
+        "CREATE OR REPLACE VIEW lineage AS SELECT * FROM _lineage",
+        # a run whose continuation (another run) ended healthy was recovered; its label stays
+        """CREATE OR REPLACE VIEW runs AS
+           WITH cont AS (
+               SELECT l.parent_run AS run_id, string_agg(DISTINCT l.child_run, ', ') AS recovered_by
+               FROM _lineage l LEFT JOIN labels lb ON lb.run_id = l.child_run
+               LEFT JOIN _runs_base rb ON rb.run_id = l.child_run
+               WHERE l.child_run <> l.parent_run AND (lb.outcome = 'healthy' OR rb.status = 'completed')
+               GROUP BY 1)
+           SELECT rb.* REPLACE (
+                      CASE WHEN cont.run_id IS NOT NULL AND rb.status <> 'completed' THEN 'recovered' ELSE rb.status END AS status,
+                      CASE WHEN cont.run_id IS NOT NULL AND rb.status <> 'completed'
+                           THEN 'continued by ' || cont.recovered_by || ', which ended healthy; ' || rb.evidence
+                           ELSE rb.evidence END AS evidence),
+                  cont.recovered_by
+           FROM _runs_base rb LEFT JOIN cont USING (run_id)""",
+    ]
+    return stmts
+
+
+def run_status_sql() -> str:
+    """Status inferred from evidence, strongest first, with the evidence in words.
+
+    diverged: evidence of divergence (DeepSpeed's minimum-loss-scale exit), or the last loss is
+    NaN/Inf. crashed, completed: the readers' end-of-run evidence (a traceback, an MLflow or
+    hparams status, HF Trainer's final summary). running: evidence, or a log written in the
+    last 5 minutes. incomplete evidence (stopped before its planned end) reads as crashed.
+    """
+    order = " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(schema.STATUS_EVIDENCE))
+    return f"""
+        WITH f AS (SELECT run_id, max(mtime_ns) AS last_write FROM _files WHERE format IS NOT NULL GROUP BY run_id),
+        ev AS (SELECT run_id, status, message FROM _evidence
+               QUALIFY row_number() OVER (PARTITION BY run_id
+                                          ORDER BY CASE status {order} END, step DESC NULLS LAST, path) = 1),
+        loss AS (SELECT run_id, arg_max(value, step) AS last_loss, max(step) AS last_loss_step
+                 FROM _parts p JOIN _tag_metric m USING (tag)
+                 WHERE m.metric = 'loss' AND NOT p.local_superseded GROUP BY run_id),
+        facts AS (
+            SELECT f.run_id, f.last_write > epoch_ns(now()) - 300e9 AS recent,
+                   ev.status AS ev_status, ev.message AS ev_message, loss.last_loss, loss.last_loss_step
+            FROM f LEFT JOIN ev USING (run_id) LEFT JOIN loss USING (run_id))
+        SELECT run_id,
+          CASE
+            WHEN ev_status = 'diverged' OR NOT isfinite(last_loss) THEN 'diverged'
+            WHEN ev_status IN ('crashed', 'completed') THEN ev_status
+            WHEN recent OR ev_status = 'running' THEN 'running'
+            WHEN ev_status = 'incomplete' THEN 'crashed'
+            ELSE 'unknown' END AS status,
+          CASE
+            WHEN ev_status = 'diverged' THEN ev_message
+            WHEN NOT isfinite(last_loss) THEN 'last loss is ' || last_loss::VARCHAR || ' at step ' || last_loss_step::VARCHAR
+            WHEN ev_status IN ('crashed', 'completed') THEN ev_message
+            WHEN recent THEN 'a log file was written in the last 5 minutes'
+            WHEN ev_status IN ('running', 'incomplete') THEN ev_message
+            ELSE 'no end-of-run evidence in the logs' END AS evidence
+        FROM facts
+    """

@@ -1,0 +1,326 @@
+"""Staging changes to a store and publishing them as one new metadata generation."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import workbench.store.layout as layout
+import workbench.store.schema as schema
+from workbench.store.points import Points, order_and_supersede
+from workbench.store.views import view_statements
+
+CLI_LABEL_ORIGIN = "workbench label"
+# a table computed from the whole generation before it is published (lineage)
+Derive = Callable[[duckdb.DuckDBPyConnection], pl.DataFrame]
+
+
+def _deep_merge(base: dict, new: dict) -> dict:
+    """`new` over `base`; nested objects merge key by key (results.train beside results.all)."""
+    out = dict(base)
+    for k, v in new.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+class StoreWriter:
+    """Stages changes to the store; nothing is visible until `commit()`."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        gen = layout.current_generation(root)
+        self.previous = gen
+        self.generation = int(gen.name[1:]) if gen else 0
+        self.tables = {t: layout.read_meta(t, gen) for t in schema.META_TABLES}
+        self.next_chunk_id = int(self.tables["chunks"]["chunk_id"].max() or 0) + 1
+        self._new: dict[str, list[pl.DataFrame]] = {t: [] for t in schema.META_TABLES}
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet")
+        self._pending: list = []
+        self._collect_garbage()
+
+    # Everything is keyed by source path: a rewritten or moved file is dropped whole, then re-read.
+    def drop_file(self, path: str) -> None:
+        self._flush_parts()
+        for t in ("files", "chunks", "problems", "evidence"):
+            df = self.tables[t]
+            old = df.filter(pl.col("path") == path)
+            if t == "chunks":
+                ids = old["chunk_id"]
+                self.tables["chunk_tags"] = self.tables["chunk_tags"].filter(
+                    ~pl.col("chunk_id").is_in(ids.implode())
+                )
+            self.tables[t] = df.filter(pl.col("path") != path)
+            self._new[t] = [d.filter(pl.col("path") != path) for d in self._new[t]]
+
+    def add_chunk(
+        self,
+        run_id: str,
+        path: str,
+        source: str,
+        start: int,
+        end: int,
+        points: Points,
+        events: list[dict] = (),
+    ) -> int:
+        """Queue one batch of points (in logged order) and its events as Parquet parts; returns
+        its chunk id.
+
+        The part is written on a background thread while the caller decodes the next batch; at
+        most one part waits, so memory stays bounded. `commit()` waits for every part.
+        """
+        chunk_id = self.next_chunk_id
+        self.next_chunk_id += 1
+        self.add(
+            "chunks",
+            pl.DataFrame(
+                {
+                    "chunk_id": [chunk_id],
+                    "run_id": [run_id],
+                    "path": [path],
+                    "source": [source],
+                    "start_offset": [start],
+                    "end_offset": [end],
+                    "rows": [len(points)],
+                },
+                schema=schema.CHUNKS,
+            ),
+        )
+        if events:
+            frame = pl.DataFrame(
+                [{**e, "chunk_id": chunk_id, "run_id": run_id, "path": path} for e in events],
+                schema=schema.EVENT_PART,
+            )
+            self._pending.append(self._pool.submit(self._write_events, run_id, chunk_id, frame))
+        if len(points):
+            self._pending.append(self._pool.submit(self._write_part, run_id, chunk_id, points))
+        while len(self._pending) > 2:
+            self._collect(self._pending.pop(0))
+        return chunk_id
+
+    def close(self) -> None:
+        """Wait for background writes (uncommitted parts are collected by the next writer)."""
+        for f in self._pending:
+            f.exception()
+        self._pool.shutdown(wait=True)
+
+    def _collect(self, future) -> None:
+        result = future.result()
+        if result is not None:
+            self.add("chunk_tags", result)
+
+    def _write_events(self, run_id: str, chunk_id: int, frame: pl.DataFrame) -> None:
+        part = layout.event_part(self.root, run_id, chunk_id)
+        part.parent.mkdir(parents=True, exist_ok=True)
+        tmp = part.with_name(part.name + ".tmp")
+        frame.write_parquet(tmp, compression="zstd")
+        layout.fsync_file(tmp)
+        os.replace(tmp, part)
+
+    def _flush_parts(self) -> None:
+        while self._pending:
+            self._collect(self._pending.pop(0))
+
+    def _write_part(self, run_id: str, chunk_id: int, points: Points) -> pl.DataFrame:
+        """Write the part file; returns its per-tag step ranges (chunk_tags rows)."""
+        n = len(points)
+        # dictionary in name order, so parts sort by (tag name, step)
+        by_name = np.argsort(np.array(points.tags, dtype=object))
+        rank = np.empty(len(by_name), np.int32)
+        rank[by_name] = np.arange(len(by_name), dtype=np.int32)
+        sorted_tags = [points.tags[i] for i in by_name]
+        points = Points(sorted_tags, rank[points.tag_code], points.step, points.wall_time, points.value)
+        order, superseded = order_and_supersede(points)
+        codes = points.tag_code[order]
+        steps = points.step[order]
+        table = pa.table(
+            {
+                "run_id": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([run_id])),
+                "chunk_id": pa.array(np.full(n, chunk_id, np.int64)),
+                "tag": pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(sorted_tags, pa.string())),
+                "step": pa.array(steps),
+                "wall_time": pa.array(points.wall_time[order]),
+                "value": pa.array(points.value[order]),
+                "local_superseded": pa.array(superseded[order]),
+            }
+        )
+        part = layout.scalar_part(self.root, run_id, chunk_id)
+        part.parent.mkdir(parents=True, exist_ok=True)
+        tmp = part.with_name(part.name + ".tmp")
+        pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
+        layout.fsync_file(tmp)
+        os.replace(tmp, part)
+        # codes are sorted, so each tag is one contiguous run
+        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+        return pl.DataFrame(
+            {
+                "chunk_id": np.full(len(starts), chunk_id, np.int64),
+                "tag": [sorted_tags[c] for c in codes[starts]],
+                "points": np.diff(np.r_[starts, n]),
+                "min_step": np.minimum.reduceat(steps, starts),
+                "max_step": np.maximum.reduceat(steps, starts),
+            }
+        )
+
+    def add(self, table: str, rows: pl.DataFrame | list[dict]) -> None:
+        sch = schema.META_TABLES[table]
+        df = rows if isinstance(rows, pl.DataFrame) else pl.DataFrame(rows, schema=sch)
+        if df.height:
+            self._new[table].append(schema.conform(df, sch, table))
+
+    def _replace(self, table: str, keep: pl.Expr, rows: pl.DataFrame | list[dict] = ()) -> None:
+        """Keep the rows matching `keep` (stored and staged), then stage `rows`."""
+        self.tables[table] = self.tables[table].filter(keep)
+        self._new[table] = [d.filter(keep) for d in self._new[table]]
+        self.add(table, rows if isinstance(rows, pl.DataFrame) else list(rows))
+
+    def set_file(self, row: dict) -> None:
+        """Insert or replace a file's manifest row."""
+        self._replace("files", pl.col("path") != row["path"], [row])
+
+    def set_alerts(self, rule_ids: list[str], runs: list[str], alerts: pl.DataFrame) -> None:
+        """Replace the alerts of these rules on these runs (a replay's selection)."""
+        self._replace("alerts", ~(pl.col("rule").is_in(rule_ids) & pl.col("run_id").is_in(runs)), alerts)
+
+    def set_labels(self, origin: str, rows: list[dict]) -> None:
+        """Replace the labels that came from `origin` (a labels.toml, or the CLI for one run)."""
+        keep = pl.col("origin") != origin
+        if origin == CLI_LABEL_ORIGIN:
+            keep = keep | ~pl.col("run_id").is_in([r["run_id"] for r in rows])
+        self._replace("labels", keep, [{**r, "origin": origin} for r in rows])
+
+    def set_checkpoints(self, folder: str, rows: list[dict]) -> dict[str, dict]:
+        """Replace what is known of the checkpoints in `folder` (they come and go with rotation);
+        returns the rows recorded before, by path, so the caller can tell what changed."""
+        inside = pl.col("path").str.starts_with(folder.rstrip("/") + "/") | (pl.col("path") == folder)
+        before = {r["path"]: r for r in self.table("checkpoints").filter(inside).iter_rows(named=True)}
+        self._replace("checkpoints", ~inside, rows)
+        return before
+
+    def set_sources(self, precedence: list[str]) -> None:
+        """The order in which sources keep the current row of a (run, tag, step) they share."""
+        self._replace(
+            "sources", pl.lit(False), [{"source": s, "precedence": i} for i, s in enumerate(precedence)]
+        )
+
+    def set_run_config(self, run_id: str, config: dict) -> None:
+        merged = _deep_merge(self.run_config(run_id), config)
+        row = {"run_id": run_id, "config": json.dumps(merged, sort_keys=True)}
+        self._replace("run_config", pl.col("run_id") != run_id, [row])
+
+    def run_config(self, run_id: str) -> dict:
+        df = self.table("run_config").filter(pl.col("run_id") == run_id)
+        return json.loads(df["config"][0]) if df.height else {}
+
+    def plugins(self, run_id: str) -> dict[str, str]:
+        df = self.table("plugins").filter(pl.col("run_id") == run_id)
+        return dict(zip(df["tag"].to_list(), df["plugin"].to_list(), strict=True))
+
+    def table(self, name: str) -> pl.DataFrame:
+        """The table as it will be committed (stored rows plus staged ones)."""
+        return pl.concat([self.tables[name], *self._new[name]], how="vertical")
+
+    def file_row(self, path: str) -> dict | None:
+        df = self.table("files").filter(pl.col("path") == path)
+        return df.row(0, named=True) if df.height else None
+
+    def commit(self, derive: dict[str, Derive] | None = None) -> Path:
+        """Publish everything staged as a new generation; returns its directory.
+
+        `derive` computes tables of DERIVED_TABLES from the views of the new generation; the
+        derived tables it does not name are carried over from the previous generation.
+        """
+        self._flush_parts()
+        self.generation += 1
+        name = f"g{self.generation:08d}"
+        meta = self.root / "meta"
+        meta.mkdir(exist_ok=True)
+        tmp = meta / (name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for t, sch in schema.META_TABLES.items():
+            df = schema.conform(self.table(t), sch, t)
+            df.write_parquet(tmp / f"{t}.parquet", compression="zstd")
+            layout.fsync_file(tmp / f"{t}.parquet")
+        self._derive(tmp, derive or {})
+        final = meta / name
+        os.replace(tmp, final)
+        layout.fsync_dir(meta)
+        cur_tmp = self.root / "CURRENT.tmp"
+        cur_tmp.write_text(name + "\n")
+        layout.fsync_file(cur_tmp)
+        os.replace(cur_tmp, self.root / "CURRENT")
+        layout.fsync_dir(self.root)
+        for t in schema.META_TABLES:
+            self.tables[t] = self.table(t)
+            self._new[t] = []
+        self.previous = final
+        self._write_catalog(final)
+        return final
+
+    def _derive(self, gen: Path, derive: dict[str, Derive]) -> None:
+        for table in schema.DERIVED_TABLES:
+            out = gen / f"{table}.parquet"
+            if table in derive:
+                con = duckdb.connect(":memory:")
+                try:
+                    for stmt in view_statements(self.root, gen):
+                        con.execute(stmt)
+                    frame = derive[table](con)
+                finally:
+                    con.close()
+                schema.conform(frame, schema.DERIVED_TABLES[table], table).write_parquet(
+                    out, compression="zstd"
+                )
+            elif self.previous is not None and (self.previous / f"{table}.parquet").exists():
+                shutil.copyfile(self.previous / f"{table}.parquet", out)
+            else:
+                continue
+            layout.fsync_file(out)
+
+    def _write_catalog(self, gen: Path) -> None:
+        """A DuckDB file with the same views, for people who open the store with the duckdb CLI."""
+        tmp = self.root / "catalog.duckdb.tmp"
+        tmp.unlink(missing_ok=True)
+        con = duckdb.connect(str(tmp))
+        try:
+            for stmt in view_statements(self.root, gen):
+                con.execute(stmt)
+        finally:
+            con.close()
+        os.replace(tmp, self.root / "catalog.duckdb")
+
+    def _collect_garbage(self) -> None:
+        """Remove what no live generation refers to: parts of killed ingests, old generations."""
+        meta = self.root / "meta"
+        if not meta.exists():
+            return
+        gens = sorted(p for p in meta.iterdir() if re.fullmatch(r"g\d{8}", p.name))
+        for p in meta.iterdir():
+            if p.name.endswith(".tmp"):
+                shutil.rmtree(p, ignore_errors=True)
+        current = layout.current_generation(self.root)
+        keep = [g for g in gens if current is not None and g <= current][-2:]  # readers may lag one
+        for g in gens:
+            if g not in keep:
+                shutil.rmtree(g, ignore_errors=True)
+        live: set[Path] = set()
+        for g in keep:
+            chunks = pl.read_parquet(g / "chunks.parquet", columns=["chunk_id", "run_id"])
+            for c, r in zip(chunks["chunk_id"].to_list(), chunks["run_id"].to_list(), strict=True):
+                live.update((layout.scalar_part(self.root, r, c), layout.event_part(self.root, r, c)))
+        for kind in ("scalars", "events"):
+            if (self.root / kind).exists():
+                for part in (self.root / kind).glob("*/*"):
+                    if part not in live:
+                        part.unlink(missing_ok=True)
