@@ -13,6 +13,7 @@ from ingest.deepspeed_monitor import DeepSpeedMonitorCsvIngestor
 from ingest.ds_config import DeepSpeedConfigIngestor
 from ingest.hf_trainer import HFTrainerIngestor
 from ingest.jsonl import JsonLinesIngestor
+from ingest.keras_csv import KerasCsvLoggerIngestor
 from ingest.lightning import LightningCsvIngestor, LightningHparamsIngestor
 from ingest.mlflow import MlflowMetricIngestor, MlflowRunMetaIngestor
 from ingest.tensorboard import TensorBoardIngestor
@@ -29,6 +30,7 @@ def make_ingestors(check_crc: bool = True) -> list[Ingestor]:
         JsonLinesIngestor(),
         DeepSpeedMonitorCsvIngestor(),
         LightningCsvIngestor(),
+        KerasCsvLoggerIngestor(),
         LightningHparamsIngestor(),
         TextLogIngestor(),
     ]

@@ -165,7 +165,7 @@ class TensorBoardIngestor(Ingestor):
 
     def _values(self, batch, buf, base, offs, lens, wall, step, vals, fvals, plugins) -> Points:
         hashes = vals[:, tfevents.VC_TAG_HASH]
-        uniq, first, group = np.unique(hashes, return_index=True, return_inverse=True)
+        _, first, group = np.unique(hashes, return_index=True, return_inverse=True)
         rep_off = vals[first, tfevents.VC_TAG_OFF]
         rep_len = vals[first, tfevents.VC_TAG_LEN]
         if not tfevents.tags_equal(buf, vals, rep_off, rep_len, group):
@@ -173,7 +173,7 @@ class TensorBoardIngestor(Ingestor):
             names_all = [
                 bytes(buf[o : o + n]) for o, n in vals[:, [tfevents.VC_TAG_OFF, tfevents.VC_TAG_LEN]]
             ]
-            uniq_names, first, group = np.unique(
+            _, first, group = np.unique(
                 np.array(names_all, dtype=object), return_index=True, return_inverse=True
             )
         tags = [

@@ -20,6 +20,12 @@ def store(tmp_path) -> Store:
 
 
 @pytest.fixture
+def tmp_store(tmp_path) -> Store:
+    """A fresh store, for test modules whose `store` fixture is a shared one."""
+    return Store(tmp_path / "store")
+
+
+@pytest.fixture
 def data_copy(tmp_path) -> Path:
     """A private copy of tests/data (tests may grow, damage or delete files)."""
     dst = tmp_path / "data"

@@ -10,6 +10,8 @@ import sys
 import pytest
 from conftest import DATA
 
+from workbench.cli import main
+
 GEN = DATA / "generated"
 
 
@@ -130,7 +132,7 @@ def test_exit_codes(tmp_path):
     assert nostore.returncode == 1 and "workbench ingest" in nostore.stderr
 
 
-@pytest.mark.parametrize("cmd", ["ingest", "sql", "runs", "tags", "label"])
+@pytest.mark.parametrize("cmd", sorted(main.commands))
 def test_every_command_has_help_with_an_example(cmd, tmp_path):
     p = wb(cmd, "--help", store=tmp_path)
     assert "Example:" in p.stdout and "workbench " in p.stdout.split("Example:")[1]

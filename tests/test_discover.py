@@ -1,8 +1,12 @@
-"""Run discovery on the layouts real tools write (DESIGN.md, "Run discovery")."""
+"""Run discovery on the layouts real tools write: which files are logs, which run each belongs to."""
 
 from __future__ import annotations
 
+import gzip
+import json
+
 from conftest import ingest_paths, q
+from real_samples import HELLO
 from writers import tbx_scalars
 
 ONE = {"loss": [(0, 1.0), (1, 0.5)]}
@@ -72,3 +76,39 @@ def test_empty_event_file_is_reported_not_fatal(store, tmp_path):
     r = ingest_paths(store, tmp_path / "r")
     assert r.problems == []
     assert q(store, "SELECT run_id, points FROM runs ORDER BY run_id").rows() == [("a", 2), ("b", 0)]
+
+
+def test_run_folder_with_many_sources_is_one_run(store, tmp_path):
+    run = tmp_path / "runs/exp1"
+    tbx_scalars(run / "tb", {"train/loss": [(s, 1.0) for s in range(5)]})
+    with gzip.open(run / "metrics.jsonl.gz", "wt") as f:
+        for s in range(5):
+            f.write(json.dumps({"step": s, "loss": 2.0, "opt": {"grad_norm": 0.5}}) + "\n")
+    (run / "stdout.log").write_text(HELLO)
+    (run / "resume.stdout.log").write_text(HELLO.split("\n", 260)[-1])
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints/ckpt_10.json").write_text(json.dumps({"step": 10, "sha256": "ab"}))
+    ingest_paths(store, tmp_path / "runs")
+    runs = q(store, "SELECT run_id, formats, files, segments FROM runs").rows()
+    assert runs == [("exp1", "jsonl,tensorboard,text_log", 4, 4)]
+    tags = set(q(store, "SELECT DISTINCT tag FROM scalars")["tag"])
+    assert {"train/loss", "loss", "opt/grad_norm", "derived/loss_scale"} <= tags
+
+
+def test_torch_checkpoints_with_metadata_beside_them(store, tmp_path):
+    run = tmp_path / "r/exp"
+    tbx_scalars(run, {"loss": [(0, 1.0)]})
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints/ckpt_100.pt").write_bytes(b"x" * 1000)
+    (run / "checkpoints/ckpt_100.json").write_text(
+        json.dumps({"step": 100, "sha256": "ab12", "parent_run": "exp0"})
+    )
+    (run / "checkpoints/step_200.pt").write_bytes(b"y" * 10)
+    ingest_paths(store, tmp_path / "r")
+    rows = q(store, "SELECT run_id, step, kind, size, metadata FROM checkpoints ORDER BY step").rows()
+    assert [r[:4] for r in rows] == [("exp", 100, "torch", 1000), ("exp", 200, "torch", 10)]
+    assert json.loads(rows[0][4]) == {"parent_run": "exp0", "sha256": "ab12", "step": 100}
+    (run / "checkpoints/ckpt_100.pt").unlink()  # rotated away
+    (run / "checkpoints/ckpt_100.json").unlink()
+    ingest_paths(store, tmp_path / "r")
+    assert q(store, "SELECT step FROM checkpoints")["step"].to_list() == [200]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import DATA, ingest_paths, q
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingest import tfevents
 from ingest.framing import CRC_TABLES, frame_records
+
+pytestmark = pytest.mark.slow  # ~1 min: CI runs them; `-m "not slow"` skips them while iterating
 
 ORIGINAL = (DATA / "generated/tbx_run/run_a/events.out.tfevents.1796036286.vm").read_bytes()
 NATIVE = (DATA / "generated/tb_native_run/events.out.tfevents.1796036290.vm.17224.0").read_bytes()

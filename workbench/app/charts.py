@@ -209,7 +209,7 @@ def curves_figure(
                 col=1,
             )
     _add_alerts(fig, alerts, tags, facet)
-    _add_events(fig, events, tags, facet)
+    _add_events(fig, events)
     if ignore_outliers:  # as TensorBoard's default: scale to where the curves spend their time
         for row, vals in row_values.items():
             r = outlier_range(np.concatenate(vals) if vals else np.array([]), log_y)
@@ -290,7 +290,7 @@ def _add_alerts(fig: go.Figure, alerts, tags: list[str], facet: bool) -> None:
             )
 
 
-def _add_events(fig: go.Figure, events, tags: list[str], facet: bool) -> None:
+def _add_events(fig: go.Figure, events) -> None:
     """Events on the first plot, at their run's curve (`y` is given by the caller)."""
     by_kind: dict[tuple, list] = {}
     for e in events:

@@ -3,8 +3,6 @@ file paths and user-extensible alias tables). Everything else binds parameters (
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import polars as pl
 
 _DUCK_TYPES = {pl.String: "VARCHAR", pl.Int64: "BIGINT", pl.Float64: "DOUBLE", pl.Boolean: "BOOLEAN"}
@@ -13,11 +11,6 @@ _DUCK_TYPES = {pl.String: "VARCHAR", pl.Int64: "BIGINT", pl.Float64: "DOUBLE", p
 def literal(s: str) -> str:
     """A SQL string literal."""
     return "'" + s.replace("'", "''") + "'"
-
-
-def literal_list(items: Iterable[str]) -> str:
-    """A parenthesised list of string literals, for IN (...)."""
-    return "(" + ", ".join(literal(i) for i in items) + ")"
 
 
 def duck_type(t) -> str:

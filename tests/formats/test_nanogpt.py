@@ -1,0 +1,34 @@
+"""nanoGPT / modded-nanogpt `step:N/T key:value` lines."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import q
+from real_samples import real_store
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return real_store(tmp_path_factory, files=["nanogpt"], trees={})
+
+
+def test_row20_21_nanogpt(store):
+    run = "modded-nanogpt"
+    train = q(
+        store,
+        f"SELECT step, value, source_file FROM scalars_all WHERE run_id = '{run}' AND tag = 'train_loss'",
+    )
+    assert train.height == 6200 and sorted(train["step"]) == list(range(1, 6201))
+    val = q(
+        store,
+        f"SELECT step, value, source_file FROM scalars_all WHERE run_id = '{run}' AND tag = 'val_loss' ORDER BY source_file, step",
+    )
+    muon = val.filter(val["source_file"].str.contains("Muon"))
+    sub3 = val.filter(val["source_file"].str.contains("Sub3Min"))
+    assert muon.height == 51 and muon["value"][-1] == 3.2785
+    assert sub3.height == 13 and sub3.row(-1)[:2] == (1393, 3.2785)
+    nan = q(
+        store,
+        f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'step_avg' AND isnan(value)",
+    )
+    assert nan["n"][0] == 26

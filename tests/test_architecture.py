@@ -1,0 +1,122 @@
+"""The layers, as ARCHITECTURE.md draws them: imports only go down, and nothing goes in a circle.
+
+ground: workbench.errors, workbench.store.*      (format-blind: no ingest, no detectors)
+middle: ingest.*  |  detectors.*                  (side by side: neither imports the other)
+faces:  workbench.cli, workbench.render, workbench.app.*, app.py
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("workbench", "ingest", "detectors")
+
+
+def _modules() -> dict[str, Path]:
+    mods = {"app": ROOT / "app.py"}
+    for pkg in PACKAGES:
+        for p in (ROOT / pkg).rglob("*.py"):
+            mods[".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")] = p
+    return mods
+
+
+MODULES = _modules()
+
+
+def _owner(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str) -> set[str]:
+    """The project modules `module` imports, at any depth of its code (function-level too)."""
+    path = MODULES[module]
+    pkg = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(n, ast.Import):
+            names = [a.name for a in n.names]
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                parts = pkg.split(".")[: len(pkg.split(".")) - (n.level - 1)]
+                base = ".".join(parts + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in n.names]
+        found |= {o for t in names if (o := _owner(t)) and o != module}
+    return found
+
+
+def layer(module: str) -> str:
+    if module == "workbench.errors" or module.startswith("workbench.store"):
+        return "ground"
+    if module.startswith(("ingest", "detectors")):
+        return module.split(".")[0]
+    return "faces"
+
+
+ALLOWED = {
+    "ground": {"ground"},
+    "ingest": {"ground", "ingest"},
+    "detectors": {"ground", "detectors"},
+    "faces": {"ground", "ingest", "detectors", "faces"},
+}
+
+
+def test_imports_only_go_down():
+    upward = [
+        f"{m} ({layer(m)}) imports {t} ({layer(t)})"
+        for m in MODULES
+        for t in _imports(m)
+        if layer(t) not in ALLOWED[layer(m)]
+    ]
+    assert upward == []
+
+
+def test_no_import_cycles():
+    graph = {m: _imports(m) for m in MODULES}
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    cycles = []
+
+    def visit(m, path):
+        state[m] = 1
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycles.append(path[path.index(t) :] + [t])
+            elif t not in state:
+                visit(t, path + [t])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []
+
+
+def test_detectors_and_store_load_no_face_and_no_reader():
+    code = (
+        "import sys, detectors.builtins, detectors.backtest, workbench.store;"
+        "print(sorted(m for m in sys.modules if m.startswith(('workbench.cli', 'workbench.app', "
+        "'workbench.render', 'streamlit', 'ingest'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_format_module_declares_the_contract():
+    from ingest.base import Ingestor
+    from ingest.registry import make_ingestors, precedence
+
+    ingestors = make_ingestors()
+    assert all(isinstance(i, Ingestor) for i in ingestors)
+    names = [i.name for i in ingestors]
+    assert len(set(names)) == len(names)
+    # every format that stores points has a place in the precedence; text comes last
+    ranked = precedence(ingestors)
+    assert ranked[0] == "hf_trainer" and ranked[-1] == "text_log"
+    assert set(ranked) == {i.name for i in ingestors if i.precedence is not None}

@@ -1,0 +1,39 @@
+"""Canonical metrics from workbench.toml aliases; labels from labels.toml, the CLI and evidence."""
+
+from __future__ import annotations
+
+from conftest import ingest_paths, q
+from writers import tbx_scalars
+
+
+def test_user_aliases_from_workbench_toml(tmp_path, monkeypatch):
+    from workbench.store import Store
+
+    store = Store(tmp_path / "store")
+    tbx_scalars(tmp_path / "r", {"my_model/xent": [(0, 1.0)], "train/loss": [(0, 1.0)]})
+    ingest_paths(store, tmp_path / "r")
+    assert dict(q(store, "SELECT tag, metric FROM scalars").rows())["my_model/xent"] is None
+    (store.root / "workbench.toml").write_text('[aliases]\nloss = ["my_model/*"]\n')
+    assert dict(q(store, "SELECT tag, metric FROM scalars").rows()) == {
+        "my_model/xent": "loss",
+        "train/loss": "loss",
+    }
+
+
+def test_auto_labels_from_evidence_and_manual_override(store, tmp_path):
+    tbx_scalars(
+        tmp_path / "r/nan_run", {"train/loss": [(0, 2.0), (1, 1.5), (2, float("nan")), (3, float("nan"))]}
+    )
+    tbx_scalars(tmp_path / "r/fine", {"train/loss": [(0, 2.0), (1, 1.5)]})
+    tbx_scalars(tmp_path / "r/labelled", {"train/loss": [(0, 2.0), (1, float("inf"))]})
+    (tmp_path / "r/labels.toml").write_text(
+        '[runs."labelled"]\noutcome = "healthy"\nnote = "inf was a logging bug"\n'
+        '[runs."broken"]\noutcome = "maybe"\n'
+    )
+    r = ingest_paths(store, tmp_path / "r")
+    assert [p.kind for _, p in r.problems] == ["bad_label"]
+    labels = q(store, "SELECT run_id, outcome, onset, kind, source FROM labels ORDER BY run_id").rows()
+    assert labels == [
+        ("labelled", "healthy", None, None, "manual"),
+        ("nan_run", "failed", 2, "divergence_nan", "auto"),
+    ]
