@@ -3,6 +3,7 @@
     pip install -r sample_runs/requirements.txt     # torch 2.13 CPU, transformers, deepspeed
     python sample_runs/generate.py                  # all runs, then labels.toml and README.md
     python sample_runs/generate.py --only overfit   # one run
+    python sample_runs/labels.py                    # labels.toml and README.md from the runs as they are
 
 Every failure is produced by a training-time mechanism (a schedule bug, a config change, a
 frozen-and-decaying parameter group, a leak), never painted onto the curves. Labels are then
@@ -515,7 +516,13 @@ def run_trl(spec: Spec, run: Path) -> None:
         )
 
     config = GPT2Config(
-        vocab_size=len(words), n_positions=64, n_embd=spec.d_model, n_layer=2, n_head=2, bos_token_id=1, eos_token_id=1
+        vocab_size=len(words),
+        n_positions=64,
+        n_embd=spec.d_model,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=1,
+        eos_token_id=1,
     )
     trainer = SFTTrainer(
         model=GPT2LMHeadModel(config),
@@ -556,7 +563,11 @@ def run_keras(spec: Spec, run: Path) -> None:
     train = sample_sequences(chain, spec.train_size, spec.seed).numpy()
     evalset = sample_sequences(chain, 256, 999).numpy()
     model = keras.Sequential(
-        [keras.Input((None,), dtype="int32"), keras.layers.Embedding(VOCAB, spec.d_model), keras.layers.Dense(VOCAB)]
+        [
+            keras.Input((None,), dtype="int32"),
+            keras.layers.Embedding(VOCAB, spec.d_model),
+            keras.layers.Dense(VOCAB),
+        ]
     )
     model.compile(
         optimizer=keras.optimizers.AdamW(spec.lr, weight_decay=spec.weight_decay),

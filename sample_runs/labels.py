@@ -68,7 +68,9 @@ def onset_for(kind: str, run: Path, healthy_final: float = 1.0) -> int | None:
     if kind == "divergence_nan_filtered":
         hist = json.loads((run / "trainer_state.json").read_text())["log_history"]
         bad = [
-            e["step"] for e in hist if not all(np.isfinite(e[k]) for k in ("grad_norm", "eval_loss") if k in e)
+            e["step"]
+            for e in hist
+            if not all(np.isfinite(e[k]) for k in ("grad_norm", "eval_loss") if k in e)
         ]
         return bad[0] if bad else None
     if kind in ("loss_spike", "loss_spike_unrecovered"):
@@ -189,3 +191,9 @@ def write_labels_and_readme(out: Path, specs) -> None:
         "",
     ]
     (out / "README.md").write_text("\n".join(readme))
+
+
+if __name__ == "__main__":  # relabel the committed runs without training them again
+    from generate import HERE, RECOVERY, SPECS
+
+    write_labels_and_readme(HERE, [*SPECS, RECOVERY])
