@@ -51,7 +51,7 @@ class Spec:
     bugs: dict = field(default_factory=dict)
     trainer: str = "loop"  # loop | hf | deepspeed | keras | trl
     ds_config: dict = field(default_factory=dict)  # changes to DS_CONFIG; None drops a key
-    console: str = ""  # the HF trainer runs in its own process, its console output goes here
+    console: str = ""  # the HF/TRL trainer runs in its own process, its console output goes here
     hf_args: dict = field(default_factory=dict)  # changes to the HF TrainingArguments
 
 
