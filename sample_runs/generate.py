@@ -3,6 +3,7 @@
     pip install -r sample_runs/requirements.txt     # torch 2.13 CPU, transformers, deepspeed
     python sample_runs/generate.py                  # all runs, then labels.toml and README.md
     python sample_runs/generate.py --only overfit   # one run
+    python sample_runs/labels.py                    # labels.toml and README.md from the runs as they are
 
 Every failure is produced by a training-time mechanism (a schedule bug, a config change, a
 frozen-and-decaying parameter group, a leak), never painted onto the curves. Labels are then
@@ -20,6 +21,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -47,7 +49,10 @@ class Spec:
     weight_decay: float = 0.01
     writers: tuple[str, ...] = ("tb",)
     bugs: dict = field(default_factory=dict)
-    trainer: str = "loop"  # loop | hf | deepspeed
+    trainer: str = "loop"  # loop | hf | deepspeed | keras | trl
+    ds_config: dict = field(default_factory=dict)  # changes to DS_CONFIG; None drops a key
+    console: str = ""  # the HF/TRL trainer runs in its own process, its console output goes here
+    hf_args: dict = field(default_factory=dict)  # changes to the HF TrainingArguments
 
 
 SPECS = [
@@ -148,6 +153,65 @@ SPECS = [
         seed=14,
         writers=("tb", "text"),
         bugs={"kill_at": 230},
+    ),
+    Spec(
+        "deepspeed_resumed_after_kill",
+        "healthy",
+        "DeepSpeed fp16 ZeRO-1 killed (SIGKILL) at step 230; a second process resumes from the "
+        "step-200 DeepSpeed checkpoint (engine.load_checkpoint): two consoles, each starting at step=0",
+        seed=15,
+        trainer="deepspeed",
+        bugs={"kill_at": 230},
+    ),
+    Spec(
+        "deepspeed_default_log_level",
+        "healthy",
+        "DeepSpeed fp16 ZeRO-1 at its default log level, 2 gradient-accumulation steps and no "
+        "train_batch_size in ds_config, wall_clock_breakdown on: no step= lines, the monitor counts samples",
+        seed=16,
+        trainer="deepspeed",
+        ds_config={
+            "train_batch_size": None,
+            "steps_per_print": None,
+            "log_level": None,
+            "gradient_accumulation_steps": 2,
+            "wall_clock_breakdown": True,
+        },
+    ),
+    Spec(
+        "hf_diverge_nan_filtered",
+        "divergence_nan_filtered",
+        "HF Trainer, lr schedule bug (lr grows 25 %/step from step 120, no clipping): NaN from the "
+        "divergence on; the Trainer's NaN filter keeps the logged loss finite, grad_norm and eval_loss "
+        "show it; tokens counted, console kept",
+        seed=17,
+        steps=300,
+        clip=0.0,
+        trainer="hf",
+        bugs={"lr_growth": (120, 1.25)},
+        console="train.log",
+        hf_args={"include_num_input_tokens_seen": True, "disable_tqdm": False},
+    ),
+    Spec(
+        "keras_csvlogger_appended",
+        "healthy",
+        "Keras 3 (torch backend) next-token model fitted three times, 4 epochs each, with "
+        "ReduceLROnPlateau; every fit appends to one CSVLogger training.log: the epoch column restarts at 0",
+        seed=18,
+        steps=4,
+        trainer="keras",
+    ),
+    Spec(
+        "trl_sft_console",
+        "healthy",
+        "TRL SFTTrainer, a tiny GPT-2 on the same language for 2 epochs; its console prints the log "
+        "dicts with string values and no step",
+        seed=19,
+        lr=1e-2,
+        train_size=800,
+        eval_every=20,
+        trainer="trl",
+        console="train.log",
     ),
 ]
 RECOVERY = Spec(
@@ -381,35 +445,148 @@ def run_hf(spec: Spec, run: Path) -> None:
         def __getitem__(self, i):
             return {"input_ids": self.data[i, :-1], "labels": self.data[i, 1:]}
 
+    model = TinyLM(d=spec.d_model)
+    optimizers = (None, None)
+    if spec.bugs:  # the run's own schedule, with its bug, as a LambdaLR
+        opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+        optimizers = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(spec, s) / spec.lr))
     args = TrainingArguments(
-        output_dir=str(run),
-        max_steps=spec.steps,
-        per_device_train_batch_size=16,
-        learning_rate=spec.lr,
-        weight_decay=spec.weight_decay,
-        warmup_steps=20,
-        lr_scheduler_type="cosine",
-        logging_steps=5,
-        eval_strategy="steps",
-        eval_steps=spec.eval_every,
-        save_steps=100,
-        save_total_limit=2,
-        report_to=["tensorboard"],
-        seed=spec.seed,
-        use_cpu=True,
-        dataloader_num_workers=0,
-        max_grad_norm=spec.clip,
-        disable_tqdm=True,
+        **{
+            "output_dir": str(run),
+            "max_steps": spec.steps,
+            "per_device_train_batch_size": 16,
+            "learning_rate": spec.lr,
+            "weight_decay": spec.weight_decay,
+            "warmup_steps": 20,
+            "lr_scheduler_type": "cosine",
+            "logging_steps": 5,
+            "eval_strategy": "steps",
+            "eval_steps": spec.eval_every,
+            "save_steps": 100,
+            "save_total_limit": 2,
+            "report_to": ["tensorboard"],
+            "seed": spec.seed,
+            "use_cpu": True,
+            "dataloader_num_workers": 0,
+            "max_grad_norm": spec.clip,
+            "disable_tqdm": True,
+            **spec.hf_args,
+        }
     )
+    evalset = Seqs(sample_sequences(chain, 256, 999))
     trainer = Trainer(
-        model=TinyLM(d=spec.d_model),
+        model=model,
         args=args,
         train_dataset=Seqs(sample_sequences(chain, spec.train_size, spec.seed)),
-        eval_dataset=Seqs(sample_sequences(chain, 256, 999)),
+        eval_dataset=evalset,
+        optimizers=optimizers,
     )
     trainer.train()
     trainer.save_state()
-    trainer.save_metrics("train", trainer.state.log_history[-1])
+    splits = [("train", trainer.state.log_history[-1])]
+    if spec.console:  # the example scripts' closing steps: final eval and predict, printed and saved
+        predict = trainer.predict(evalset, metric_key_prefix="predict")
+        splits += [("eval", trainer.evaluate()), ("predict", predict.metrics)]
+    for split, metrics in splits:
+        if spec.console:
+            trainer.log_metrics(split, metrics)
+        trainer.save_metrics(split, metrics)
+
+
+def run_trl(spec: Spec, run: Path) -> None:
+    """TRL's SFTTrainer on the same language: a tiny GPT-2 built from its config and a word-level
+    tokenizer built in memory (nothing downloaded); its console prints the log dicts, no step."""
+    import torch
+    from datasets import Dataset
+    from model import VOCAB, make_language, sample_sequences
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from trl import SFTConfig, SFTTrainer
+
+    torch.manual_seed(spec.seed)
+    words = ["<pad>", "<eos>", "<unk>"] + [f"t{i}" for i in range(VOCAB)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    chain = make_language(1234)
+
+    def texts(n: int, seed: int) -> Dataset:
+        return Dataset.from_dict(
+            {"text": [" ".join(f"t{t}" for t in row) for row in sample_sequences(chain, n, seed).tolist()]}
+        )
+
+    config = GPT2Config(
+        vocab_size=len(words),
+        n_positions=64,
+        n_embd=spec.d_model,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=1,
+        eos_token_id=1,
+    )
+    trainer = SFTTrainer(
+        model=GPT2LMHeadModel(config),
+        args=SFTConfig(
+            output_dir=str(run),
+            num_train_epochs=2,
+            per_device_train_batch_size=16,
+            learning_rate=spec.lr,
+            weight_decay=spec.weight_decay,
+            warmup_steps=10,
+            logging_steps=5,
+            eval_strategy="steps",
+            eval_steps=spec.eval_every,
+            save_steps=50,
+            report_to=["tensorboard"],
+            seed=spec.seed,
+            use_cpu=True,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+        ),
+        train_dataset=texts(spec.train_size, spec.seed),
+        eval_dataset=texts(64, 999),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    trainer.save_state()
+
+
+def run_keras(spec: Spec, run: Path) -> None:
+    """Keras 3 (torch backend) on the same language, next-token classification, fitted three times
+    (as in a notebook) into one CSVLogger file with append=True: its epoch column restarts at 0."""
+    os.environ["KERAS_BACKEND"] = "torch"
+    import keras
+    from model import VOCAB, make_language, sample_sequences
+
+    keras.utils.set_random_seed(spec.seed)
+    chain = make_language(1234)
+    train = sample_sequences(chain, spec.train_size, spec.seed).numpy()
+    evalset = sample_sequences(chain, 256, 999).numpy()
+    model = keras.Sequential(
+        [
+            keras.Input((None,), dtype="int32"),
+            keras.layers.Embedding(VOCAB, spec.d_model),
+            keras.layers.Dense(VOCAB),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.AdamW(spec.lr, weight_decay=spec.weight_decay),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    for _ in range(3):
+        model.fit(
+            train[:, :-1],
+            train[:, 1:],
+            batch_size=64,
+            epochs=spec.steps,
+            validation_data=(evalset[:, :-1], evalset[:, 1:]),
+            callbacks=[  # the lr callback puts learning_rate into the logs the CSVLogger writes
+                keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.3, patience=1, min_delta=1e-3),
+                keras.callbacks.CSVLogger(str(run / "training.log"), append=True),
+            ],
+            verbose=0,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,21 +609,21 @@ DS_CONFIG = {
 }
 
 
-def run_deepspeed(spec: Spec, run: Path) -> None:
-    """DeepSpeed in its own process (its console output is the log), single-process on the CPU."""
-    env = {
-        **os.environ,
-        "DS_ACCELERATOR": "cpu",
-        "OMP_NUM_THREADS": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(29500 + spec.seed),
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-    }
-    with open(run / "stdout.log", "w") as out:
+def run_worker(spec: Spec, run: Path, console: str, *args: str) -> None:
+    """The trainer in its own process (generate.py --worker), its console output is the log."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if spec.trainer == "deepspeed":  # single-process on the CPU
+        env |= {
+            "DS_ACCELERATOR": "cpu",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(29500 + spec.seed),
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+        }
+    with open(run / console, "w") as out:
         subprocess.run(
-            [sys.executable, __file__, "--deepspeed-worker", spec.name],
+            [sys.executable, __file__, "--worker", spec.name, *args],
             cwd=run,
             env=env,
             stdout=out,
@@ -455,7 +632,13 @@ def run_deepspeed(spec: Spec, run: Path) -> None:
         )
 
 
-def deepspeed_worker(name: str) -> None:
+def run_deepspeed(spec: Spec, run: Path) -> None:
+    run_worker(spec, run, "stdout.log")
+    if "kill_at" in spec.bugs:  # a new process, as a job scheduler restarts it
+        run_worker(spec, run, "resume.stdout.log", "--resume")
+
+
+def deepspeed_worker(spec: Spec, resume: bool) -> None:
     import deepspeed
     import torch
     from deepspeed.accelerator import get_accelerator
@@ -463,9 +646,9 @@ def deepspeed_worker(name: str) -> None:
 
     # the CPU accelerator reports fp16 unsupported; its kernels run fp16 fine for this model
     get_accelerator().is_fp16_supported = lambda: True
-    spec = next(s for s in SPECS if s.name == name)
     torch.manual_seed(spec.seed)
-    Path("ds_config.json").write_text(json.dumps(DS_CONFIG, indent=2))
+    config = {k: v for k, v in {**DS_CONFIG, **spec.ds_config}.items() if v is not None}
+    Path("ds_config.json").write_text(json.dumps(config, indent=2))
 
     class LossOnly(torch.nn.Module):
         """DeepSpeed's monitor records the forward's return value when it is the loss tensor."""
@@ -479,24 +662,33 @@ def deepspeed_worker(name: str) -> None:
 
     lm = TinyLM(d=spec.d_model)
     opt = torch.optim.AdamW(lm.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
-    engine, opt, _, _ = deepspeed.initialize(model=LossOnly(lm), optimizer=opt, config=DS_CONFIG)
+    engine, opt, _, _ = deepspeed.initialize(model=LossOnly(lm), optimizer=opt, config=config)
+    start = 0
+    if resume:
+        engine.load_checkpoint("ckpt")  # the 'latest' tag
+        start = engine.global_steps
     chain = make_language(1234)
     train = sample_sequences(chain, spec.train_size, seed=spec.seed)
-    g = torch.Generator().manual_seed(spec.seed)
+    g = torch.Generator().manual_seed(spec.seed + 1000 * start)  # a resumed process reseeds its data order
     logs = Loggers(Path("."), ("jsonl",))
-    for step in range(spec.steps):
+    for step in range(start, spec.steps):
+        if spec.bugs.get("kill_at") == step and not resume:
+            os.kill(os.getpid(), signal.SIGKILL)  # no clean exit: buffers are lost, as on a node failure
         for grp in opt.param_groups:
             grp["lr"] = lr_at(spec, step)
-        batch = train[torch.randint(0, len(train), (16,), generator=g)]
-        loss = engine(batch[:, :-1], batch[:, 1:])
-        engine.backward(loss)
-        engine.step()
+        losses = []
+        for _ in range(engine.gradient_accumulation_steps()):
+            batch = train[torch.randint(0, len(train), (16,), generator=g)]
+            loss = engine(batch[:, :-1], batch[:, 1:])
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss.detach().float()))
         grad_norm = engine.get_global_grad_norm()
         logs.log(
             engine.global_steps,
             spec.steps,
             {  # DeepSpeed's own step numbering (1-based)
-                "train/loss": float(loss.detach().float()),
+                "train/loss": sum(losses) / len(losses),
                 "train/lr": lr_at(spec, step),
                 "train/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 "train/loss_scale": float(
@@ -507,11 +699,7 @@ def deepspeed_worker(name: str) -> None:
             },
         )
         logs.jsonl.flush()
-        if (
-            engine.global_steps % 50 == 0
-            and engine.global_steps > 0
-            and engine.is_gradient_accumulation_boundary()
-        ):
+        if engine.global_steps % 50 == 0 and engine.global_steps > 0:
             engine.save_checkpoint("ckpt")
 
 
@@ -548,8 +736,12 @@ def generate(spec: Spec, out: Path) -> None:
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir(parents=True)
     t0 = time.time()
-    if spec.trainer == "hf":
+    if spec.console:
+        run_worker(spec, run, spec.console)
+    elif spec.trainer == "hf":
         run_hf(spec, run)
+    elif spec.trainer == "keras":
+        run_keras(spec, run)
     elif spec.trainer == "deepspeed":
         run_deepspeed(spec, run)
     elif spec.name == "resumed_after_kill":
@@ -563,10 +755,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", help="run names to regenerate (default: all)")
     ap.add_argument("--out", type=Path, default=HERE)
-    ap.add_argument("--deepspeed-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.deepspeed_worker:
-        deepspeed_worker(args.deepspeed_worker)
+    if args.worker:
+        spec = next(s for s in SPECS if s.name == args.worker)
+        if spec.trainer == "deepspeed":
+            deepspeed_worker(spec, args.resume)
+        elif spec.trainer == "trl":
+            run_trl(spec, Path.cwd())
+        else:
+            run_hf(spec, Path.cwd())
         return
     import torch
 

@@ -2,6 +2,8 @@
 
 Rules (the onset is the step where the failure starts):
 - divergence_nan: the first step whose train loss is NaN/Inf.
+- divergence_nan_filtered: the first logged step whose grad_norm or eval_loss is NaN/Inf in
+  trainer_state.json (the HF Trainer's NaN filter keeps the logged train loss finite).
 - loss_spike, loss_spike_unrecovered: the first step after step 50 whose loss exceeds the mean
   of the 20 steps before it by more than 6 of their standard deviations.
 - attention_collapse, dead_ffn: the divergence point: the first step after step 50 from which
@@ -63,6 +65,14 @@ def onset_for(kind: str, run: Path, healthy_final: float = 1.0) -> int | None:
     if kind == "divergence_nan":
         bad = np.flatnonzero(~np.isfinite(loss))
         return int(steps[bad[0]]) if len(bad) else None
+    if kind == "divergence_nan_filtered":
+        hist = json.loads((run / "trainer_state.json").read_text())["log_history"]
+        bad = [
+            e["step"]
+            for e in hist
+            if not all(np.isfinite(e[k]) for k in ("grad_norm", "eval_loss") if k in e)
+        ]
+        return bad[0] if bad else None
     if kind in ("loss_spike", "loss_spike_unrecovered"):
         for i in range(max(20, int(np.searchsorted(steps, 50))), len(loss)):
             w = loss[i - 20 : i]
@@ -142,6 +152,7 @@ def write_labels_and_readme(out: Path, specs) -> None:
     fire = {
         "healthy": "nothing (false alarms are counted here)",
         "divergence_nan": "non_finite; loss spike rules before the NaN",
+        "divergence_nan_filtered": "non_finite on grad_norm / eval_loss (the logged loss stays finite, then 0.0)",
         "loss_spike": "loss spike (mean + 3 sigma, llm-foundry, OLMo); the run recovers",
         "loss_spike_unrecovered": "loss spike rules, then plateau",
         "attention_collapse": "P1 (grad_norm < 1e-5 and attn_entropy < 0.3 for 5 steps); gradient-flow decay",
@@ -155,13 +166,14 @@ def write_labels_and_readme(out: Path, specs) -> None:
         "# Sample runs",
         "",
         "Real training runs of a tiny decoder-only transformer (2 layers, d=32) on a seeded synthetic",
-        "language, logged by real writers: torch `SummaryWriter`, JSON Lines, the HF `Trainer`, and the",
-        "DeepSpeed engine (fp16, ZeRO-1, on the CPU). Labels in `labels.toml` come from each run's own",
-        "evidence (rules: `labels.py`). Regenerate everything with",
+        "language, logged by real writers: torch `SummaryWriter`, JSON Lines, the HF `Trainer`, the",
+        "DeepSpeed engine (fp16, ZeRO-1, on the CPU), TRL's `SFTTrainer` (a tiny GPT-2) and Keras 3's",
+        "`CSVLogger` (a next-token model); the console runs keep their console output. Labels in",
+        "`labels.toml` come from each run's own evidence (rules: `labels.py`). Regenerate everything with",
         "",
         "    pip install -r sample_runs/requirements.txt && python sample_runs/generate.py",
         "",
-        "(about 1.5 minutes on 2 CPU cores; fixed seeds; each run uses one thread). The tests and the",
+        "(about 4 minutes on 2 CPU cores; fixed seeds; each run uses one thread). The tests and the",
         "README quickstart use the committed files and never need torch.",
         "",
         "| run | outcome | onset | what happened | what should fire |",
@@ -179,3 +191,9 @@ def write_labels_and_readme(out: Path, specs) -> None:
         "",
     ]
     (out / "README.md").write_text("\n".join(readme))
+
+
+if __name__ == "__main__":  # relabel the committed runs without training them again
+    from generate import HERE, RECOVERY, SPECS
+
+    write_labels_and_readme(HERE, [*SPECS, RECOVERY])
