@@ -60,11 +60,11 @@ class _MonitorCsvParser(LineParser):
             codes = np.r_[np.zeros(n, np.int32), np.ones(n, np.int32)]
             steps = np.r_[samples // self.tbs, samples // self.tbs]
             values = np.r_[values, samples.astype(np.float64)]
+            if "assumed" in self.how or "learned" in self.how:  # say so where it is not stated in the run
+                batch.note = f"x axis: samples / {self.how}"
         else:
             tags, codes, steps = [self.tag], np.zeros(n, np.int32), samples
-            batch.note = (
-                "x axis is samples: no ds_config with train_batch_size in this run to turn it into steps"
-            )
+            batch.note = f"x axis is samples: {self.how} to turn it into steps"
         batch.points = Points(tags, codes, steps, np.full(len(codes), np.nan), values)
         self.samples, self.values = [], []
 

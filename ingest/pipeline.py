@@ -235,6 +235,8 @@ def _reread_stale(
             continue
         state = json.loads(row["state"]) if row["state"] else {}
         if ingestor.config_used(w.run_config(row["run_id"]), state) != row["config_used"]:
+            report.notes = [(p, n) for p, n in report.notes if p != row["path"]]
+            report.problems = [(p, x) for p, x in report.problems if p != row["path"]]
             w.drop_file(row["path"])
             _read_file(w, ingestor, f, row["run_id"], 0, None, report, None, None)
             report.files_read -= 1  # counted once, when it was first read

@@ -181,6 +181,7 @@ class _Parser(LineParser):
         self.awaiting_global = state.get("awaiting_global", False)
         self.timer_rank = state.get("timer_rank")
         self.counted = state.get("counted", 0)  # HF dicts placed by counting
+        self.timers_counted = state.get("timers_counted", False)  # steps counted from global timer lines
         self.logging_steps = _logging_steps(ctx.run_config)
         self.wall = float("nan")  # of the line being read
         self.first_wall = state.get("first_wall")
@@ -207,6 +208,7 @@ class _Parser(LineParser):
             "awaiting_global": self.awaiting_global,
             "timer_rank": self.timer_rank,
             "counted": self.counted,
+            "timers_counted": self.timers_counted,
             "first_wall": self.first_wall,
         }
 
@@ -276,7 +278,7 @@ class _Parser(LineParser):
                 else "(logging_steps unknown: step = count)"
             )
             batch.note = f"no line states a step: {self.counted} console dicts placed by counting {per}"
-        elif self.timer_step is not None and not self.explicit:
+        elif self.timers_counted:
             batch.note = "no line states a step: steps counted from DeepSpeed's global timer lines"
         batch.counts, self.kinds = self.kinds, {}
         if self.no_step > self.no_step_reported:
@@ -367,6 +369,7 @@ class _Parser(LineParser):
                     step, self.awaiting_global = self.timer_step, False
                 else:
                     self.timer_step = step = (self.timer_step if self.timer_step is not None else 0) + 1
+                    self.timers_counted = not self.explicit
                 self.at_step(step)
             return "timer"
         return None
@@ -534,7 +537,8 @@ class _Parser(LineParser):
             gs = CKPT_STEP.search(m["path"])
             step = int(next(g for g in gs.groups() if g)) if gs else None
             self.events.append(event(step, self.wall, "resume", line.strip(), {"path": m["path"]}, self.line))
-            if not self.explicit:  # the engine-start report described the engine before this load
+            if not self.explicit and self.timer_step is not None:
+                # after DeepSpeed's engine-start report: it described the engine before this load
                 self.init_values = []
                 if step is not None:
                     self.timer_step, self.awaiting_global = step, False

@@ -141,11 +141,12 @@ def view_statements(root: Path, gen: Path) -> list[str]:
                         WHERE m.metric IS NOT NULL AND NOT p.local_superseded),
                 last_finite AS (SELECT run_id, metric, max(step) FILTER (WHERE isfinite(value)) AS step
                                 FROM pts GROUP BY ALL)
-           SELECT pts.run_id, pts.metric, min(pts.step) AS from_step, count(*) AS n,
-                  arg_min(pts.value, pts.step)::VARCHAR AS value
+           SELECT pts.run_id, pts.metric, min(pts.step) AS from_step, count(DISTINCT pts.step) AS n,
+                  CASE WHEN isnan(arg_min(pts.value, pts.step)) THEN 'NaN'
+                       WHEN arg_min(pts.value, pts.step) > 0 THEN 'Inf' ELSE '-Inf' END AS value
            FROM pts JOIN last_finite lf USING (run_id, metric)
            WHERE lf.step IS NOT NULL AND pts.step > lf.step
-           GROUP BY ALL HAVING count(*) >= 3 OR pts.metric = 'loss'""",
+           GROUP BY ALL HAVING count(DISTINCT pts.step) >= 3 OR pts.metric = 'loss'""",
         f"CREATE OR REPLACE VIEW _run_status AS {run_status_sql()}",
         # manual labels win (the CLI over labels.toml); evidence gives auto labels to the rest
         """CREATE OR REPLACE VIEW _auto_labels AS
