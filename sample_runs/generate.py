@@ -28,6 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.modules.setdefault("generate", sys.modules[__name__])  # one module when run as a script
 
 STEPS = 400
 
@@ -554,6 +555,10 @@ def generate(spec: Spec, out: Path) -> None:
         run_deepspeed(spec, run)
     elif spec.name == "resumed_after_kill":
         run_resumed_after_kill(spec, run)
+    elif spec.trainer == "moe":
+        from moe import run_moe
+
+        run_moe(spec, run)
     else:
         train_loop(spec, run)
     print(f"{spec.name}: {time.time() - t0:.0f}s", flush=True)
@@ -568,6 +573,7 @@ def main() -> None:
     if args.deepspeed_worker:
         deepspeed_worker(args.deepspeed_worker)
         return
+    import moe  # noqa: F401  adds the MoE and memory-budget runs to SPECS
     import torch
 
     torch.set_num_threads(1)
