@@ -464,7 +464,9 @@ def deepspeed_worker(name: str) -> None:
 
     # the CPU accelerator reports fp16 unsupported; its kernels run fp16 fine for this model
     get_accelerator().is_fp16_supported = lambda: True
-    spec = next(s for s in SPECS if s.name == name)
+    spec = next((s for s in SPECS if s.name == name), None)
+    if spec is None:  # a corpus run (corpus.py) passes its spec along
+        spec = Spec(**json.loads(os.environ["SAMPLE_RUNS_SPEC"]))
     torch.manual_seed(spec.seed)
     Path("ds_config.json").write_text(json.dumps(DS_CONFIG, indent=2))
 
@@ -569,7 +571,14 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="run names to regenerate (default: all)")
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("--deepspeed-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--corpus", type=Path, help="write the evaluation corpus there instead (corpus.py)")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time for --corpus")
     args = ap.parse_args()
+    if args.corpus:
+        from corpus import build
+
+        build(args.corpus, args.jobs)
+        return
     if args.deepspeed_worker:
         deepspeed_worker(args.deepspeed_worker)
         return

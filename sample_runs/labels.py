@@ -75,7 +75,8 @@ def tag_names(run: Path) -> set[str]:
         return set(SummaryReader(str(run / "tb")).scalars["tag"].unique())
     jsonl = run / "metrics.jsonl"
     if jsonl.exists():
-        return {k for line in jsonl.read_text().splitlines() if line.strip() for k in json.loads(line)} - {"step"}
+        keys = {k for line in jsonl.read_text().splitlines() if line.strip() for k in json.loads(line)}
+        return keys - {"step"}
     return set()
 
 
@@ -239,7 +240,7 @@ def write_labels_and_readme(out: Path, specs) -> None:
         "",
         "    pip install -r sample_runs/requirements.txt && python sample_runs/generate.py",
         "",
-        "(about 1.5 minutes on 2 CPU cores; fixed seeds; each run uses one thread). The tests and the",
+        "(about 3.5 minutes on 2 CPU cores; fixed seeds; each run uses one thread). The tests and the",
         "README quickstart use the committed files and never need torch.",
         "",
         "| run | outcome | onset | what happened | what should fire |",

@@ -40,7 +40,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import generate  # noqa: E402
-from generate import STEPS, Spec  # noqa: E402
+from generate import Spec  # noqa: E402
 
 SPEC_ENV = "SAMPLE_RUNS_SPEC"  # a child process's spec, as JSON
 
@@ -159,7 +159,9 @@ def train_moe(spec: MoESpec, run: Path) -> None:
     evalset = sample_sequences(chain, 256, seed=999)
     probe = sample_sequences(chain, spec.probe_seqs, seed=998) if spec.probe_seqs else None
     moe = spec.experts > 0
-    model = MoETinyLM(d=spec.d_model, experts=spec.experts, top_k=spec.top_k) if moe else TinyLM(d=spec.d_model)
+    model = (
+        MoETinyLM(d=spec.d_model, experts=spec.experts, top_k=spec.top_k) if moe else TinyLM(d=spec.d_model)
+    )
     routers = model.router_parameters() if moe else []
     ids = {id(p) for p in routers}
     groups = [{"params": [p for p in model.parameters() if id(p) not in ids]}]

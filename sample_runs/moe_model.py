@@ -15,9 +15,8 @@ are masked afterwards: wasteful, but exact and cheap at this size.
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from model import Block, TinyLM, token_std
+from torch import nn
 
 
 class MoEFFN(nn.Module):
@@ -74,9 +73,7 @@ class MoETinyLM(TinyLM):
     def __init__(self, d: int = 32, experts: int = 8, top_k: int = 1, hidden: int | None = None):
         super().__init__(d=d)
         hidden = hidden or 2 * d
-        self.blocks = nn.ModuleList(
-            MoEBlock(d, blk.heads, experts, top_k, hidden) for blk in self.blocks
-        )
+        self.blocks = nn.ModuleList(MoEBlock(d, blk.heads, experts, top_k, hidden) for blk in self.blocks)
 
     def moe_layers(self) -> list[MoEFFN]:
         return [blk.moe for blk in self.blocks]
