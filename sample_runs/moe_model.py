@@ -7,7 +7,7 @@ top-k > 1. Each layer keeps the Switch Transformer load-balancing loss
 
     aux = E * sum_i f_i * P_i      (f_i: share of routed tokens, P_i: mean router probability)
 
-which is 1.0 when the load is uniform and E when every token goes to one expert; the trainer
+which is 1.0 when the load is uniform and approaches E when every token goes to one expert; the trainer
 adds coefficient * sum over layers to the LM loss. The experts run densely on every token and
 are masked afterwards: wasteful, but exact and cheap at this size.
 """
