@@ -30,6 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.modules.setdefault("generate", sys.modules[__name__])  # one module when run as a script
 
 STEPS = 400
 
@@ -746,6 +747,10 @@ def generate(spec: Spec, out: Path) -> None:
         run_deepspeed(spec, run)
     elif spec.name == "resumed_after_kill":
         run_resumed_after_kill(spec, run)
+    elif spec.trainer == "moe":
+        from moe import run_moe
+
+        run_moe(spec, run)
     else:
         train_loop(spec, run)
     print(f"{spec.name}: {time.time() - t0:.0f}s", flush=True)
@@ -757,9 +762,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--corpus", type=Path, help="write the evaluation corpus there instead (corpus.py)")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time for --corpus")
     args = ap.parse_args()
+    if args.corpus:
+        from corpus import build
+
+        build(args.corpus, args.jobs)
+        return
     if args.worker:
-        spec = next(s for s in SPECS if s.name == args.worker)
+        spec = next((s for s in SPECS if s.name == args.worker), None)
+        if spec is None:  # a corpus run (corpus.py) passes its spec along
+            spec = Spec(**json.loads(os.environ["SAMPLE_RUNS_SPEC"]))
         if spec.trainer == "deepspeed":
             deepspeed_worker(spec, args.resume)
         elif spec.trainer == "trl":
@@ -767,6 +781,7 @@ def main() -> None:
         else:
             run_hf(spec, Path.cwd())
         return
+    import moe  # noqa: F401  adds the MoE and memory-budget runs to SPECS
     import torch
 
     torch.set_num_threads(1)

@@ -15,6 +15,15 @@ Rules (the onset is the step where the failure starts):
 - fp16_overflow: the first skipped step of the final overflow storm: the last unbroken fall of
   the loss scale in DeepSpeed's monitor CSV (x = samples / train_batch_size = DeepSpeed's global
   step), plus the hysteresis skip before it that keeps the scale; it ends at the minimum scale.
+- router_collapse: the busiest expert of MoE layer 0 takes at least half the routed tokens
+  (max/mean load >= E/2, E experts) for 20 consecutive steps; the onset is the last step before
+  that stretch at which the max/mean load was still at or below its median since step 50.
+- balance_loss_dominates: the first step from which the logged balance loss stays above 10 x its
+  median over the first 20 steps until the end, in a run whose LM loss (EMA) ends above 1.2 x
+  the median final loss of the healthy runs (the main loss stalled).
+- memory_leak: a run that ends OOM-killed (an `out of memory` line in its console) with its last
+  logged RSS at 90 % of its budget or more; the onset is the first step whose RSS is more than
+  5 % above the median of the RSS logged before it and stays so until the end.
 A run labelled healthy must show none of the above.
 """
 
@@ -49,7 +58,42 @@ def loss_series(run: Path, tag: str = "train/loss") -> tuple[np.ndarray, np.ndar
     if csvs:
         rows = [r for r in csv.reader(csvs[0].read_text().splitlines()) if r and r[0] != "step"]
         return np.array([int(r[0]) // 16 for r in rows]), np.array([float(r[1]) for r in rows])
+    jsonl = run / "metrics.jsonl"
+    if jsonl.exists():
+        last = {}
+        for line in jsonl.read_text().splitlines():
+            rec = json.loads(line) if line.strip() else {}
+            if tag in rec:
+                last[rec["step"]] = float(rec[tag])
+        return np.array(sorted(last), dtype=int), np.array([last[k] for k in sorted(last)], dtype=float)
     return np.array([]), np.array([])
+
+
+def tag_names(run: Path) -> set[str]:
+    """The scalar tags a run logged (TensorBoard under tb/, else its metrics.jsonl)."""
+    from tbparse import SummaryReader
+
+    if (run / "tb").exists():
+        return set(SummaryReader(str(run / "tb")).scalars["tag"].unique())
+    jsonl = run / "metrics.jsonl"
+    if jsonl.exists():
+        keys = {k for line in jsonl.read_text().splitlines() if line.strip() for k in json.loads(line)}
+        return keys - {"step"}
+    return set()
+
+
+def load_ratio(run: Path, layer: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
+    """(steps, max/mean expert load, number of experts) of one MoE layer."""
+    s, mx = loss_series(run, f"moe/layer_{layer}/max_load")
+    s2, mean = loss_series(run, f"moe/layer_{layer}/mean_load")
+    experts = sum(t.startswith(f"moe/layer_{layer}/expert_load/") for t in tag_names(run)) if len(s) else 0
+    if not len(s) or not np.array_equal(s, s2):
+        return np.array([]), np.array([]), experts
+    return s, mx / mean, experts
+
+
+def console_lines(run: Path) -> list[str]:
+    return [line for f in sorted(run.glob("*.log")) for line in f.read_text(errors="replace").splitlines()]
 
 
 def ema(values: np.ndarray, alpha: float = 0.1) -> np.ndarray:
@@ -99,6 +143,38 @@ def onset_for(kind: str, run: Path, healthy_final: float = 1.0) -> int | None:
         for i in range(len(e) - 100):
             if (e[i] - e[i + 100]) / e[i] < 0.005 and e[i] > 1.2 * healthy_final:
                 return int(steps[i])
+        return None
+    if kind == "router_collapse":
+        s, ratio, experts = load_ratio(run)
+        run_len = 0
+        for i, high in enumerate(ratio >= experts / 2 if experts else []):
+            run_len = run_len + 1 if high else 0
+            if run_len == 20:
+                start = i - 19
+                since = ratio[int(np.searchsorted(s, 50)) : start]
+                normal = np.median(since) if len(since) else ratio[:start].min()
+                back = np.flatnonzero(ratio[:start] <= normal)
+                return int(s[back[-1]]) if len(back) else int(s[start])
+        return None
+    if kind == "balance_loss_dominates":
+        s, bal = loss_series(run, "moe/balance_loss")
+        if len(bal) < 40 or ema(loss)[-1] <= 1.2 * healthy_final:
+            return None
+        high = bal > 10 * np.median(bal[:20])
+        for i in range(20, len(bal)):
+            if high[i:].all():
+                return int(s[i])
+        return None
+    if kind == "memory_leak":
+        s, rss = loss_series(run, "memory/rss_gb")
+        _, pct = loss_series(run, "memory/rss_pct_of_budget")
+        killed = any("out of memory" in line for line in console_lines(run))
+        if not killed or not len(pct) or pct[-1] < 90:
+            return None
+        for i in range(1, len(rss)):
+            above = rss[i:] > 1.05 * np.median(rss[:i])
+            if above.all():
+                return int(s[i])
         return None
     if kind == "fp16_overflow":
         f = next(run.glob("monitor_csv/*/Train_Samples_loss_scale.csv"), None)
@@ -161,6 +237,9 @@ def write_labels_and_readme(out: Path, specs) -> None:
         "fp16_overflow": "loss-scale collapse / overflow storm (DeepSpeed OVERFLOW lines)",
         "plateau": "plateau (ReduceLROnPlateau semantics); the slope predictor",
         "memory_blowup": "P4 (memory jump > 3 GB while grad_norm -> 0)",
+        "router_collapse": "MoE imbalance (max/mean expert load > 5)",
+        "balance_loss_dominates": "balance loss > 30 % of the total loss; plateau of the LM loss",
+        "memory_leak": "memory pressure (RSS > 90 % of the budget) before the OOM kill",
     }
     readme = [
         "# Sample runs",
@@ -173,7 +252,7 @@ def write_labels_and_readme(out: Path, specs) -> None:
         "",
         "    pip install -r sample_runs/requirements.txt && python sample_runs/generate.py",
         "",
-        "(about 4 minutes on 2 CPU cores; fixed seeds; each run uses one thread). The tests and the",
+        "(about 6 minutes on 2 CPU cores; fixed seeds; each run uses one thread). The tests and the",
         "README quickstart use the committed files and never need torch.",
         "",
         "| run | outcome | onset | what happened | what should fire |",
@@ -189,11 +268,26 @@ def write_labels_and_readme(out: Path, specs) -> None:
         "Checkpoint weights were dropped to keep the corpus small; each checkpoint keeps its metadata",
         "(step, sha256, size, parent run and step for restarts) beside where it was.",
         "",
+        "The MoE runs (`moe.py`, `moe_model.py`) replace each FFN by routed experts with the Switch",
+        "balance loss and log `train/loss` (LM loss), `moe/balance_loss` (coefficient x aux loss, the term",
+        "added), `moe/total_loss`, `moe/aux_loss_coef`, and per layer L `moe/layer_L/expert_load/E` (tokens",
+        "routed to expert E), `moe/layer_L/max_load`, `moe/layer_L/mean_load`, `moe/layer_L/router_entropy`.",
+        "The memory-budget runs log `memory/rss_gb`, `memory/budget_gb` and `memory/rss_pct_of_budget`",
+        "(`memory_budget_gb` in the TensorBoard hparams); a supervisor standing in for a cgroup memory limit",
+        "kills the job with SIGKILL when its RSS passes the budget and writes the kernel OOM killer's line",
+        "(with the child's real numbers) to its `stdout.log`.",
+        "",
+        "An evaluation corpus (not committed) comes from `python sample_runs/generate.py --corpus DIR",
+        "[--jobs 2]`: varied seeds, learning rates, widths, onsets and mechanisms over the plain loop, the",
+        "HF Trainer, DeepSpeed fp16 and the MoE trainer, in `DIR/tune/` and `DIR/holdout/`, labelled by",
+        "the same rules in `DIR/labels.toml` (see `corpus.py`).",
+        "",
     ]
     (out / "README.md").write_text("\n".join(readme))
 
 
 if __name__ == "__main__":  # relabel the committed runs without training them again
+    import moe  # noqa: F401  adds the MoE and memory-budget runs to SPECS
     from generate import HERE, RECOVERY, SPECS
 
     write_labels_and_readme(HERE, [*SPECS, RECOVERY])

@@ -51,6 +51,9 @@ class Block(nn.Module):
         self.attn_temperature = 1.0  # a config knob; the collapse runs turn it up
 
     def forward(self, x: torch.Tensor, stats: dict, i: int) -> torch.Tensor:
+        return self.ffn(self.attend(x, stats, i), stats, i)
+
+    def attend(self, x: torch.Tensor, stats: dict, i: int) -> torch.Tensor:
         b, t, d = x.shape
         stats[f"ln_input_std/layer_{i}"] = token_std(x)
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
@@ -60,7 +63,9 @@ class Block(nn.Module):
         att = logits.masked_fill(mask, float("-inf")).softmax(-1)
         ent = -(att * att.clamp_min(1e-12).log()).sum(-1)[:, :, 1:]  # position 0 can only see itself
         stats[f"attn_entropy/layer_{i}"] = ent.detach().mean().item()
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+
+    def ffn(self, x: torch.Tensor, stats: dict, i: int) -> torch.Tensor:
         h = self.ln2(x)
         stats[f"ffn_input_std/layer_{i}"] = token_std(h)
         a = torch.nn.functional.gelu(self.fc1(h))

@@ -1,0 +1,311 @@
+"""MoE runs and memory-budget runs for sample_runs/ (imported by generate.py, which runs them).
+
+The MoE runs train `moe_model.MoETinyLM` (top-k routed experts with the Switch balance loss) on
+the same synthetic language as the other runs and log per step what MoE trainers log:
+
+    train/loss                        the LM cross-entropy (the main loss)
+    moe/balance_loss                  coefficient x sum over layers of the Switch aux loss
+    moe/total_loss                    train/loss + moe/balance_loss (what backward() runs on)
+    moe/aux_loss_coef                 the balance-loss coefficient in force
+    moe/layer_L/expert_load/E         tokens routed to expert E in layer L this step
+    moe/layer_L/max_load, mean_load   max and mean of those counts
+    moe/layer_L/router_entropy        mean entropy of the router's softmax (nats; ln E = uniform)
+    train/grad_norm, train/lr, train/router_lr, eval/loss, the model's layer statistics
+
+The memory-budget runs train the dense model with a per-step probe metric and log their resident
+memory against a stated budget (`memory_budget_gb` in the TensorBoard hparams):
+
+    memory/rss_gb, memory/budget_gb, memory/rss_pct_of_budget
+
+They run as a child process under a supervisor that enforces the budget the way a cgroup
+memory limit does: when the child's RSS passes the budget it is killed with SIGKILL (no clean
+exit, no traceback, writers stop mid-run) and the supervisor appends the kernel OOM killer's
+message line, with the child's real numbers, to the job's console log (stdout.log).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import generate  # noqa: E402
+from generate import Spec  # noqa: E402
+
+SPEC_ENV = "SAMPLE_RUNS_SPEC"  # a child process's spec, as JSON
+
+
+@dataclass
+class MoESpec(Spec):
+    trainer: str = "moe"
+    experts: int = 8  # 0: the dense TinyLM (the memory-budget runs)
+    top_k: int = 1
+    aux_coef: float = 0.01  # Switch Transformer's default
+    bias_rate: float = 0.0  # > 0: DeepSeek-V3 aux-loss-free balancing, bias step per update
+    batch: int = 16
+    probe_seqs: int = 0  # a per-step probe-loss metric on this many held-out sequences
+    memory_budget_gb: float = 0.0  # > 0: run under the supervisor, killed past the budget
+
+
+MOE_SPECS: list[Spec] = [
+    MoESpec(
+        "healthy_moe_top1",
+        "healthy",
+        "a healthy MoE run: 8 experts, top-1 (Switch), balance-loss coefficient 0.01",
+        seed=20,
+        writers=("tb", "jsonl"),
+    ),
+    MoESpec(
+        "healthy_moe_top2",
+        "healthy",
+        "a healthy MoE run: 16 experts, top-2 (Mixtral-style gates), wider model, DeepSeek-V3-style "
+        "aux-loss-free bias balancing (step 0.001) with a small 0.001 balance loss",
+        seed=21,
+        d_model=48,
+        lr=2e-3,
+        experts=16,
+        top_k=2,
+        aux_coef=0.001,
+        bias_rate=0.001,
+        writers=("tb",),
+    ),
+    MoESpec(
+        "moe_router_collapse",
+        "router_collapse",
+        "at step 150 a resumed config sets the balance-loss coefficient to -0.1 (a sign typo): the "
+        "term now rewards imbalance, the busiest expert draws ever more tokens until it takes them all",
+        seed=22,
+        writers=("jsonl",),
+        bugs={"aux_coef": (150, -0.1)},
+    ),
+    MoESpec(
+        "moe_balance_loss_dominates",
+        "balance_loss_dominates",
+        "at step 40 a resumed config sets the balance-loss coefficient to 500 (5e2 typed for 5e-3): the "
+        "balance loss is almost all of the total and the LM loss stalls far above the healthy runs'",
+        seed=23,
+        writers=("tb",),
+        bugs={"aux_coef": (40, 500.0)},
+    ),
+    MoESpec(
+        "healthy_memory_budget",
+        "healthy",
+        "a healthy run logging RSS against a 1.5 GB budget; its probe metric is computed under "
+        "torch.no_grad() and kept as a number",
+        seed=24,
+        experts=0,
+        probe_seqs=64,
+        memory_budget_gb=1.5,
+        writers=("tb", "text"),
+    ),
+    MoESpec(
+        "memory_leak_oom",
+        "memory_leak",
+        "from step 150 the probe metric runs without torch.no_grad() and its loss tensors are kept: "
+        "each step's activations stay alive until RSS passes the 1.5 GB budget and the job is "
+        "OOM-killed (SIGKILL, no clean exit)",
+        seed=25,
+        experts=0,
+        probe_seqs=64,
+        memory_budget_gb=1.5,
+        writers=("tb", "text"),
+        bugs={"probe_leak": 150},
+    ),
+]
+_names = {s.name for s in generate.SPECS}
+generate.SPECS.extend(s for s in MOE_SPECS if s.name not in _names)
+
+
+# ---------------------------------------------------------------------------------------------
+def aux_coef_at(spec: MoESpec, step: int) -> float:
+    coef, b = spec.aux_coef, spec.bugs
+    if "aux_coef" in b and step >= b["aux_coef"][0]:
+        coef = b["aux_coef"][1]
+    if "aux_coef_growth" in b and step >= b["aux_coef_growth"][0]:
+        coef *= b["aux_coef_growth"][1] ** (step - b["aux_coef_growth"][0])
+    return coef
+
+
+def bias_rate_at(spec: MoESpec, step: int) -> float:
+    """The aux-loss-free bias step; the sign-flip bug makes overloaded experts more attractive."""
+    b = spec.bugs
+    rate = b["bias_rate"][1] if "bias_rate" in b and step >= b["bias_rate"][0] else spec.bias_rate
+    return -rate if "bias_sign_flip" in b and step >= b["bias_sign_flip"] else rate
+
+
+def router_lr_mult(spec: MoESpec, step: int) -> float:
+    b = spec.bugs.get("router_lr")
+    return b[1] if b and step >= b[0] else 1.0
+
+
+def train_moe(spec: MoESpec, run: Path) -> None:
+    import torch
+    from model import TinyLM, layer_grad_norms, make_language, sample_sequences
+    from moe_model import MoETinyLM
+
+    torch.manual_seed(spec.seed)
+    chain = make_language(1234)
+    train = sample_sequences(chain, spec.train_size, seed=spec.seed)
+    evalset = sample_sequences(chain, 256, seed=999)
+    probe = sample_sequences(chain, spec.probe_seqs, seed=998) if spec.probe_seqs else None
+    moe = spec.experts > 0
+    model = (
+        MoETinyLM(d=spec.d_model, experts=spec.experts, top_k=spec.top_k) if moe else TinyLM(d=spec.d_model)
+    )
+    routers = model.router_parameters() if moe else []
+    ids = {id(p) for p in routers}
+    groups = [{"params": [p for p in model.parameters() if id(p) not in ids]}]
+    if moe:
+        groups.append({"params": routers})
+    opt = torch.optim.AdamW(groups, lr=spec.lr, weight_decay=spec.weight_decay)
+    logs = generate.Loggers(run, spec.writers)
+    if logs.tb is not None:
+        hp = {"lr": spec.lr, "d_model": spec.d_model, "seed": spec.seed, "batch_size": spec.batch}
+        if moe:
+            hp |= {"num_experts": spec.experts, "top_k": spec.top_k, "aux_loss_coef": spec.aux_coef}
+        if spec.memory_budget_gb:
+            hp["memory_budget_gb"] = spec.memory_budget_gb
+        logs.tb.add_hparams(hp, {})
+    g = torch.Generator().manual_seed(spec.seed * 1000)
+    probe_hist: list = []
+    b = spec.bugs
+    for step in range(spec.steps):
+        coef = aux_coef_at(spec, step)
+        lr = generate.lr_at(spec, step)
+        opt.param_groups[0]["lr"] = lr
+        if moe:
+            opt.param_groups[1]["lr"] = lr * router_lr_mult(spec, step)
+        t0 = time.perf_counter()
+        batch = train[torch.randint(0, len(train), (spec.batch,), generator=g)]
+        out = model(batch[:, :-1], batch[:, 1:])
+        stats = dict(model.stats)
+        balance = coef * model.aux_loss() if moe else torch.zeros(())
+        total = out["loss"] + balance
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        params = [p for p in model.parameters() if p.grad is not None]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, spec.clip if spec.clip > 0 else math.inf))
+        layer_norms = layer_grad_norms(model)
+        opt.step()
+        if moe and bias_rate_at(spec, step):
+            for layer in model.moe_layers():
+                layer.update_bias(bias_rate_at(spec, step))
+        dt = time.perf_counter() - t0
+        metrics = {
+            "train/loss": float(out["loss"].detach()),
+            "train/lr": lr,
+            "train/grad_norm": grad_norm,
+            **layer_norms,
+            **stats,
+            "throughput/tokens_per_sec": batch[:, :-1].numel() / dt,
+        }
+        if moe:
+            metrics |= {
+                "train/router_lr": opt.param_groups[1]["lr"],
+                "moe/aux_loss_coef": coef,
+                "moe/balance_loss": float(balance.detach()),
+                "moe/total_loss": float(total.detach()),
+            }
+            for li, layer in enumerate(model.moe_layers()):
+                load = layer.load.tolist()
+                metrics |= {f"moe/layer_{li}/expert_load/{e}": c for e, c in enumerate(load)}
+                metrics[f"moe/layer_{li}/max_load"] = max(load)
+                metrics[f"moe/layer_{li}/mean_load"] = sum(load) / len(load)
+                metrics[f"moe/layer_{li}/router_entropy"] = layer.entropy
+        if probe is not None:
+            # a smoothed held-out loss; the leak bug drops torch.no_grad() and keeps the tensors
+            leak = "probe_leak" in b and step >= b["probe_leak"]
+            with torch.set_grad_enabled(leak):
+                probe_hist.append(model(probe[:, :-1], probe[:, 1:])["loss"])
+            metrics["train/probe_loss"] = float(torch.stack(probe_hist[-20:]).mean())
+        rss = generate.rss_gb()
+        metrics["memory/rss_gb"] = rss
+        if spec.memory_budget_gb:
+            metrics["memory/budget_gb"] = spec.memory_budget_gb
+            metrics["memory/rss_pct_of_budget"] = 100 * rss / spec.memory_budget_gb
+        if step % spec.eval_every == 0 or step == spec.steps - 1:
+            with torch.no_grad():
+                metrics["eval/loss"] = float(model(evalset[:, :-1], evalset[:, 1:])["loss"])
+        logs.log(step, spec.steps, metrics)
+        if spec.memory_budget_gb:  # the supervisor may kill us at any moment: keep the logs on disk
+            for w in (logs.tb, logs.jsonl, logs.text):
+                if w is not None:
+                    w.flush()
+        if step % 50 == 0 and step > 0:
+            generate.save_checkpoint(model, opt, run, spec, step)
+    logs.close()
+
+
+# ---------------------------------------------------------------------------------------------
+def _status_kb(pid: int) -> dict[str, int]:
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                out[key] = int(rest.split()[0])
+    return out
+
+
+def run_supervised(spec: MoESpec, run: Path) -> None:
+    """The child trains; this process enforces memory_budget_gb on its RSS like a cgroup limit."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", SPEC_ENV: json.dumps(asdict(spec))}
+    limit = spec.memory_budget_gb * 1e9
+    page = os.sysconf("SC_PAGE_SIZE")
+    with open(run / "stdout.log", "a") as console:
+        child = subprocess.Popen(
+            [sys.executable, str(HERE / "moe.py"), "--worker"],
+            cwd=run,
+            env=env,
+            stdout=console,
+            stderr=subprocess.STDOUT,
+        )
+        while child.poll() is None:
+            try:
+                with open(f"/proc/{child.pid}/statm") as f:
+                    rss = int(f.read().split()[1]) * page
+                if rss > limit:
+                    st = _status_kb(child.pid)
+                    child.send_signal(signal.SIGKILL)
+                    child.wait()
+                    console.write(
+                        f"Memory cgroup out of memory: Killed process {child.pid} (python) "
+                        f"total-vm:{st.get('VmSize', 0)}kB, anon-rss:{st.get('RssAnon', 0)}kB, "
+                        f"file-rss:{st.get('RssFile', 0)}kB, shmem-rss:{st.get('RssShmem', 0)}kB, "
+                        f"UID:{os.getuid()} pgtables:{st.get('VmPTE', 0)}kB oom_score_adj:0\n"
+                    )
+                    break
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+            time.sleep(0.002)
+        child.wait()
+
+
+def run_moe(spec: MoESpec, run: Path) -> None:
+    if spec.memory_budget_gb:
+        run_supervised(spec, run)
+    else:
+        train_moe(spec, run)
+
+
+def _worker() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    d = json.loads(os.environ[SPEC_ENV])
+    spec = MoESpec(**{**d, "writers": tuple(d["writers"])})
+    train_moe(spec, Path.cwd())
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
+    _worker()
