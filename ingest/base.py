@@ -34,6 +34,7 @@ class Evidence:
     message: str  # in words, e.g. "HF Trainer wrote its final summary"
     step: int | None = None
     failure: str | None = None  # the failure kind an automatic label takes from it (crash, oom, ...)
+    wall_time: float | None = None  # when it was written; the run writing on long after it makes it stale
 
 
 @dataclass

@@ -225,8 +225,9 @@ class TensorBoardIngestor(Ingestor):
                 batch.config.update(hp)
                 if hp.get("session_status") in _END_STATUS:
                     status = hp["session_status"]
+                    message = f"hparams session_end_info: {status}"
                     batch.evidence.append(
-                        Evidence(_END_STATUS[status], f"hparams session_end_info: {status}", int(step[i]))
+                        Evidence(_END_STATUS[status], message, int(step[i]), None, float(wall[i]))
                     )
         other = ~scalar & ~is_text & ~is_hparams
         tensor = (

@@ -85,7 +85,9 @@ CKPT_LOAD = re.compile(
 )
 LOGURU = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{3} \| [A-Z]+\s*\| \S+ - (?P<msg>.*)$")
 LOGURU_LOSS = re.compile(rf"(?:\[Rank -?\d+\] )?Loss: (?P<loss>{NUM})\s*$")
-HF_DICT = re.compile(r"^\s*(?P<d>\{'[A-Za-z_/]+': .*\})\s*$")  # anchored: config dumps are dicts too
+# anchored (config dumps are dicts too), after at most a logger's prefix (LLaMA-Factory:
+# `[INFO|2024-11-26 22:09:01] logging.py:157 >> {'loss': ...}`)
+HF_DICT = re.compile(r"^\s*(?:\[[^\]]{1,60}\]\s*[\w.]+:\d+\s*>>\s*)?(?P<d>\{'[A-Za-z_/]+': .*\})\s*$")
 MEG_ITER = re.compile(
     r"^\s*(?:\[default\d+\]:\s*)?(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)\]\s*)?"
     r"iteration\s+(?P<iter>\d+)/\s*(?P<train_iters>\d+) \|(?P<rest>.*)$"
@@ -105,7 +107,7 @@ RECOVERY = re.compile(r"\[(?P<step>\d+)\] RECOVERY TRIGGERED: (?P<pattern>\S+) -
 OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|\bout of memory\b")
 NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|NCCL.*(?:[Tt]imeout|timed out)")
 TRACEBACK = "Traceback (most recent call last):"
-LINE_TIME = re.compile(r"^\[?(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?")
+LINE_TIME = re.compile(r"^\[?(?:[A-Z]+\|)?(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?")
 DS_CONFIG_ITEM = re.compile(
     r"\[config\.py:\d+:print\]\s+(?P<key>train_batch_size|train_micro_batch_size_per_gpu|"
     r"gradient_accumulation_steps|world_size)\s+\.+\s+(?P<val>\d+)\s*$"
@@ -149,7 +151,7 @@ def _epoch_seconds(day: str, clock: str) -> float:
 
 def line_time(line: str) -> float | None:
     """The wall time of a line with a timestamp prefix (local time), else None."""
-    if not line[:2].lstrip("[")[:1].isdigit() or not (m := LINE_TIME.match(line)):
+    if not (line[:1].isdigit() or line[:1] == "[") or not (m := LINE_TIME.match(line)):
         return None
     frac = float("0." + m[3]) if m[3] else 0.0
     return _epoch_seconds(m[1], m[2]) + frac
@@ -623,17 +625,14 @@ class TextLogIngestor(LineIngestor):
 def _evidence(e: dict) -> Evidence:
     """How a run ended: a min-loss-scale exit, a traceback, an out-of-memory line, or a clean end
     (the launcher's `exits successfully`, HF's final summary)."""
+    step, wall = e["step"], e["wall_time"]
     if e["kind"] == "finished":
-        return Evidence("completed", f"the log says it finished: {e['message']}", e["step"])
+        return Evidence("completed", f"the log says it finished: {e['message']}", step, None, wall)
     if e["kind"] == "min_loss_scale":
-        where = "?" if e["step"] is None else e["step"]
-        return Evidence(
-            "diverged",
-            f"loss scale hit its minimum (DeepSpeed exit) at step {where}",
-            e["step"],
-            "fp16_overflow",
-        )
-    return Evidence("crashed", f"crash in the log: {e['message']}", e["step"], e["kind"])
+        where = "?" if step is None else step
+        message = f"loss scale hit its minimum (DeepSpeed exit) at step {where}"
+        return Evidence("diverged", message, step, "fp16_overflow", wall)
+    return Evidence("crashed", f"crash in the log: {e['message']}", step, e["kind"], wall)
 
 
 def _finite(x: float) -> float | None:

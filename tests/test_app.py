@@ -52,11 +52,14 @@ def values(arr) -> np.ndarray:
 def test_runs_page_lists_and_filters(app):
     at = app()
     df = at.dataframe[0].value
-    assert len(df) == 20 and {"status", "label", "alerts", "last_loss"} <= set(df.columns)
+    assert len(df) == 26 and {"status", "label", "alerts", "last_loss"} <= set(df.columns)
     at.text_input(key="runs_pattern").input("^healthy").run()
     assert sorted(at.dataframe[0].value["run_id"]) == [
         "healthy_deepspeed_fp16",
         "healthy_hf_trainer",
+        "healthy_memory_budget",
+        "healthy_moe_top1",
+        "healthy_moe_top2",
         "healthy_seed0",
         "healthy_seed1_wide",
     ]
@@ -64,7 +67,7 @@ def test_runs_page_lists_and_filters(app):
     assert not at.exception and at.warning
     at.text_input(key="runs_pattern").input("").run()
     at.multiselect(key="runs_label").set_value(["failed"]).run()
-    assert len(at.dataframe[0].value) == 10
+    assert len(at.dataframe[0].value) == 13
 
 
 def test_curves_page_smoothing_log_tags(app):

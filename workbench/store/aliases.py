@@ -35,6 +35,17 @@ BUILTIN: list[tuple[str, str]] = [
         "memory_allocated_gb",
         r"memallocated|memory[/_]allocated(_gb)?",
     ),  # the accelerator's (DeepSpeed, torch.cuda)
+    (
+        "memory_reserved_pct",
+        r"memory/rss_pct_of_budget|(gpu_)?memory[/_ ]reserved[_ ]?(pct|percent|%)|gpu_memory/gpu reserved mem \(%\)",
+    ),
+    # mixture-of-experts routing (DeepSpeed-MoE, Megatron, HF Mixtral, OLMo-core names)
+    ("moe_max_load", r"moe_max_load|moe/(layer_?\d+/)?max_load"),
+    ("moe_mean_load", r"moe_mean_load|moe/(layer_?\d+/)?mean_load"),
+    (
+        "balance_loss",
+        r"(moe[/_])?balance_loss|(train/)?(router_)?aux_loss|(train/)?load[ _]balancing[ _]loss",
+    ),
     ("attn_entropy", r"attn(_output)?_entropy|attention[/_]entropy"),
     ("ln_input_std", r"ln_input_std(/layer_0)?"),
 ]

@@ -139,6 +139,7 @@ EVIDENCE = {
     "message": pl.String,  # in words, shown as the run's `evidence`
     "step": pl.Int64,
     "failure": pl.String,  # the failure kind an automatic label takes from it, or null
+    "wall_time": pl.Float64,  # when it was written, if known: records written after it make it stale
 }
 # strongest first; `incomplete` (stopped before its planned end, no crash seen) reads as crashed
 STATUS_EVIDENCE = ("diverged", "crashed", "completed", "incomplete")

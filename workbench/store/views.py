@@ -230,7 +230,9 @@ def run_status_sql() -> str:
     order = " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(schema.STATUS_EVIDENCE))
     return f"""
         WITH f AS (SELECT run_id, max(last_wall_time) AS last_record FROM _files WHERE format IS NOT NULL GROUP BY run_id),
-        ev AS (SELECT run_id, status, message FROM _evidence
+        -- evidence the run wrote on past (by over a minute: a resume, an add_hparams at the start) is stale
+        ev AS (SELECT e.run_id, e.status, e.message FROM _evidence e LEFT JOIN f USING (run_id)
+               WHERE e.wall_time IS NULL OR f.last_record IS NULL OR e.wall_time >= f.last_record - 60
                QUALIFY row_number() OVER (PARTITION BY run_id
                                           ORDER BY CASE status {order} END, step DESC NULLS LAST, path) = 1),
         nonfinite AS (SELECT run_id, metric || ' is ' || value || ' from step ' || from_step::VARCHAR

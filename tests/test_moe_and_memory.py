@@ -1,0 +1,89 @@
+"""The guides' MoE and memory rules on real runs that route tokens through experts and report
+memory against a budget (sample_runs: torch on CPU; counts checked with tbparse/json)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ingest_paths, q
+from tbparse import SummaryReader
+
+from detectors.builtins import BalanceLossShare, MemoryPressure, MoeImbalance
+from detectors.replay import default_rules, replay
+from workbench.store import Store
+
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_runs"
+RUNS = [
+    "healthy_moe_top1",
+    "healthy_moe_top2",
+    "moe_router_collapse",
+    "moe_balance_loss_dominates",
+    "healthy_memory_budget",
+    "memory_leak_oom",
+]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe") / "runs"
+    for run in RUNS:
+        shutil.copytree(SAMPLES / run, root / run)
+    s = Store(root.parent / "store")
+    ingest_paths(s, root)
+    return s
+
+
+def fired(store, detector) -> dict[str, int]:
+    """First firing step per run of one built-in."""
+    result = replay(store, [detector.rule()], None)
+    alerts = result.alerts.group_by("run_id").agg(first=result.alerts["step_fired"].min())
+    return dict(alerts.rows())
+
+
+def test_moe_and_memory_tags_resolve_to_the_guides_names(store):
+    metrics = dict(q(store, "SELECT DISTINCT tag, metric FROM scalars WHERE metric IS NOT NULL").rows())
+    assert metrics["moe/layer_0/max_load"] == "moe_max_load"
+    assert metrics["moe/layer_0/mean_load"] == "moe_mean_load"
+    assert metrics["moe/balance_loss"] == "balance_loss"
+    assert metrics["memory/rss_pct_of_budget"] == "memory_reserved_pct"
+    assert metrics["train/loss"] == "loss"  # the LM loss, not moe/total_loss
+
+
+def test_imbalance_fires_on_the_collapsed_router_only(store):
+    first = fired(store, MoeImbalance())
+    assert set(first) == {"moe_router_collapse"}
+    # independently: the first step where layer 0's max/mean load exceeds 5
+    rows = [
+        json.loads(line) for line in (SAMPLES / "moe_router_collapse/metrics.jsonl").read_text().splitlines()
+    ]
+    expected = next(r["step"] for r in rows if r["moe/layer_0/max_load"] / r["moe/layer_0/mean_load"] > 5)
+    assert first["moe_router_collapse"] == expected == 181
+
+
+def test_balance_share_fires_on_the_over_weighted_run(store):
+    first = fired(store, BalanceLossShare())
+    assert "moe_balance_loss_dominates" in first and first["moe_balance_loss_dominates"] == 40
+    assert not {"healthy_moe_top1", "healthy_moe_top2"} & set(first)
+
+
+def test_memory_rule_fires_before_the_out_of_memory_kill(store):
+    first = fired(store, MemoryPressure())
+    assert set(first) == {"memory_leak_oom"}
+    tb = SummaryReader(str(SAMPLES / "memory_leak_oom/tb")).scalars
+    pct = tb[tb["tag"] == "memory/rss_pct_of_budget"].sort_values("step")
+    assert first["memory_leak_oom"] == int(pct[pct["value"] > 90]["step"].iloc[0]) == 225
+    assert first["memory_leak_oom"] < int(pct["step"].max())  # before the last step it logged
+    status = q(store, "SELECT status, evidence FROM runs WHERE run_id = 'memory_leak_oom'").row(0)
+    assert status[0] == "crashed" and "out of memory" in status[1]
+
+
+def test_every_guide_and_built_in_rule_is_evaluable_on_the_samples(tmp_path):
+    store = Store(tmp_path / "store")
+    ingest_paths(store, SAMPLES)
+    result = replay(store, None, None)
+    assert result.skipped == {}
+    assert {r.id for r in default_rules()} == set(result.evaluable)
+    assert min(len(runs) for runs in result.evaluable.values()) >= 2
