@@ -126,7 +126,8 @@ TRIGGER = re.compile(
     r"step|SamplesPerSec|time \(ms\)|iteration|verflow|OVERFLOW|RECOVERY|heckpoint|minimum"
     r"|Traceback|emory|ALLOC|imeout|timed out|Flops Profiler|\{'| \| | - |config\.py|exits successfully"
 )
-SNIFF = (DS_PREFIX, OVERFLOW, MEG_ITER, NANOGPT, FAIRSEQ, HF_DICT, RECOVERY, DS_PIPE, TIMER)
+LOGURU_LOSS_LINE = re.compile(LOGURU.pattern[:-1].replace("(?P<msg>.*)", rf"(?:\[Rank -?\d+\] )?Loss: {NUM}\s*") + "$")
+SNIFF = (DS_PREFIX, OVERFLOW, MEG_ITER, NANOGPT, FAIRSEQ, HF_DICT, RECOVERY, DS_PIPE, TIMER, LOGURU_LOSS_LINE)
 TEXT_SUFFIXES = (".log", ".txt", ".out", ".err", ".stdout", ".stderr")
 
 
@@ -196,6 +197,7 @@ class _Parser(LineParser):
         self.last_crash: dict | None = None
         self.kinds: dict[str, int] = {}  # records parsed, by kind (kept in the file's contents)
         self.no_step_reported = self.no_step
+        self.placed = state.get("placed", 0)  # points stored from this file so far
 
     def state(self) -> dict:
         return {
@@ -211,6 +213,7 @@ class _Parser(LineParser):
             "timer_rank": self.timer_rank,
             "counted": self.counted,
             "timers_counted": self.timers_counted,
+            "placed": self.placed,
             "first_wall": self.first_wall,
         }
 
@@ -286,6 +289,17 @@ class _Parser(LineParser):
         if self.no_step > self.no_step_reported:
             batch.counts["values_before_first_step"] = self.no_step - self.no_step_reported
             self.no_step_reported = self.no_step
+        self.placed += len(batch.points)
+        if last and self.no_step and not self.placed and is_settled(self.path):
+            # a log full of values and no step to put them on: say so, never store silently nothing
+            batch.problems.append(
+                Problem(
+                    self.line,
+                    "no_step",
+                    f"{self.no_step} values in this log but no line states or counts a step; none stored "
+                    "(a step per line, DeepSpeed's step= lines or its timers, or HF dicts are needed)",
+                )
+            )
 
     # ------------------------------------------------------------------------------------
     def feed(self, raw: str, batch: Batch) -> None:

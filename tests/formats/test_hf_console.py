@@ -34,3 +34,18 @@ def test_llamafactory_logger_prefix_is_read_with_its_time(tmp_store, tmp_path):
     assert loss["step"].to_list() == [1, 2, 3] and loss["value"].to_list() == [2.2818, 2.2647, 2.1]
     assert abs(loss["wall_time"][0] - datetime.now().timestamp()) < 120  # from the prefix, local time
     assert q(tmp_store, "SELECT status FROM runs")["status"][0] == "completed"
+
+
+def test_values_with_no_step_anywhere_are_a_problem_not_silence(tmp_store, tmp_path):
+    """A loguru-style log of losses only: no line states a step, none can be counted."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "train.log").write_text(
+        "".join(
+            f"2024-05-01 10:00:0{i}.000 | INFO     | train:step:42 - Loss: {2.0 - i / 10}\n" for i in range(5)
+        )
+    )
+    settle(run / "train.log")
+    report = ingest_paths(tmp_store, run)
+    assert [(p.kind, "5 values" in p.message) for _, p in report.problems] == [("no_step", True)]
+    assert q(tmp_store, "SELECT count(*) n FROM scalars")["n"][0] == 0
