@@ -8,12 +8,14 @@ import json
 import os
 import shutil
 import time
+from pathlib import Path
 
 from conftest import DATA, ingest_paths, q
 
 from workbench.store import Store
 
 REAL = DATA / "real_logs"
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_runs"
 HELLO = (REAL / "deepspeed/hellodeepspeed_bert_zero1_fp16_console.log").read_text()
 
 
@@ -40,6 +42,16 @@ def real_store(tmp_path_factory, files: list[str] = (), trees: dict[str, str] = 
         shutil.copytree(REAL / src, root / name)
     for dirpath, _, names in os.walk(root):
         settle(*(os.path.join(dirpath, n) for n in names))
+    store = Store(root.parent / "store")
+    ingest_paths(store, root)
+    return store
+
+
+def sample_store(tmp_path_factory, runs: list[str]) -> Store:
+    """A store of copies of some of sample_runs/ (real training runs with real writers)."""
+    root = tmp_path_factory.mktemp("samples") / "runs"
+    for run in runs:
+        shutil.copytree(SAMPLES / run, root / run)
     store = Store(root.parent / "store")
     ingest_paths(store, root)
     return store

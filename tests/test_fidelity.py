@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ingest_paths, q
+from real_samples import SAMPLES, sample_store
 from tbparse import SummaryReader
 from writers import tbx_scalars
 
 from workbench.store import Store
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_runs"
 RUNS = [
     "deepspeed_resumed_after_kill",
     "deepspeed_default_log_level",
@@ -31,12 +31,7 @@ RUNS = [
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fidelity") / "runs"
-    for run in RUNS:
-        shutil.copytree(SAMPLES / run, root / run)
-    s = Store(root.parent / "store")
-    ingest_paths(s, root)
-    return s
+    return sample_store(tmp_path_factory, RUNS)
 
 
 def steps(store, run, tag, view="scalars", source=None):

@@ -4,18 +4,16 @@ memory against a budget (sample_runs: torch on CPU; counts checked with tbparse/
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 from conftest import ingest_paths, q
+from real_samples import SAMPLES, sample_store
 from tbparse import SummaryReader
 
 from detectors.builtins import BalanceLossShare, MemoryPressure, MoeImbalance
 from detectors.replay import default_rules, replay
 from workbench.store import Store
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_runs"
 RUNS = [
     "healthy_moe_top1",
     "healthy_moe_top2",
@@ -28,12 +26,7 @@ RUNS = [
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("moe") / "runs"
-    for run in RUNS:
-        shutil.copytree(SAMPLES / run, root / run)
-    s = Store(root.parent / "store")
-    ingest_paths(s, root)
-    return s
+    return sample_store(tmp_path_factory, RUNS)
 
 
 def fired(store, detector) -> dict[str, int]:
