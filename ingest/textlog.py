@@ -126,7 +126,9 @@ TRIGGER = re.compile(
     r"step|SamplesPerSec|time \(ms\)|iteration|verflow|OVERFLOW|RECOVERY|heckpoint|minimum"
     r"|Traceback|emory|ALLOC|imeout|timed out|Flops Profiler|\{'| \| | - |config\.py|exits successfully"
 )
-LOGURU_LOSS_LINE = re.compile(LOGURU.pattern[:-1].replace("(?P<msg>.*)", rf"(?:\[Rank -?\d+\] )?Loss: {NUM}\s*") + "$")
+LOGURU_LOSS_LINE = re.compile(
+    LOGURU.pattern[:-1].replace("(?P<msg>.*)", rf"(?:\[Rank -?\d+\] )?Loss: {NUM}\s*") + "$"
+)
 SNIFF = (DS_PREFIX, OVERFLOW, MEG_ITER, NANOGPT, FAIRSEQ, HF_DICT, RECOVERY, DS_PIPE, TIMER, LOGURU_LOSS_LINE)
 TEXT_SUFFIXES = (".log", ".txt", ".out", ".err", ".stdout", ".stderr")
 
@@ -158,10 +160,25 @@ def line_time(line: str) -> float | None:
     return _epoch_seconds(m[1], m[2]) + frac
 
 
+# DeepSpeed engine and ZeRO/fp16 optimizer timer names (wall_clock_breakdown); other tools'
+# timers (Megatron's `forward-compute`, ...) print after the step they time and take its step
+DS_GLOBAL_TIMERS = {"fwd", "bwd", "bwd_inner", "bwd_allreduce", "forward", "backward", "backward_inner"}
+DS_GLOBAL_TIMERS |= {"backward_allreduce", "step"}
+DS_TIMERS = DS_GLOBAL_TIMERS | {n + "_microstep" for n in DS_GLOBAL_TIMERS}
+DS_TIMERS |= {
+    "optimizer_allgather",
+    "optimizer_gradients",
+    "optimizer_step",
+    "compute_norm",
+    "overflow_check",
+}
+DS_TIMERS |= {"unscale_and_clip", "basic_step", "update_fp16"}
+
+
 def _is_global_timer(names: list[str]) -> bool:
     """DeepSpeed's per-step global timers (`fwd | bwd | ... | step`); micro-step and optimizer
     timers print before the step they belong to is over."""
-    return "step" in names and not any(n.endswith("_microstep") for n in names)
+    return "step" in names and set(names) <= DS_GLOBAL_TIMERS
 
 
 class _Parser(LineParser):
@@ -379,6 +396,10 @@ class _Parser(LineParser):
             if rank != self.timer_rank:  # every rank prints its timers: keep one rank's
                 return "timer_other_rank"
             items = [(item["name"].strip(), float(item["ms"])) for item in TIMER_ITEM.finditer(m["body"])]
+            if not {name for name, _ in items} <= DS_TIMERS:
+                for name, ms in items:
+                    self.point(f"time/{name}", ms)
+                return "timer"
             self.pending_values += [[f"time/{name}", ms, self.wall] for name, ms in items]
             if _is_global_timer([name for name, _ in items]):
                 if self.awaiting_global:
