@@ -115,12 +115,15 @@ class BacktestResult:
         self.rules_frame().write_csv(out_dir / "rules.csv")
         self.rules_frame().write_parquet(out_dir / "rules.parquet")
         for name in ("predictors", "kinds", "summary", "tuning", "schedule"):
-            rows = getattr(self, name)
-            if rows:
-                frame = pl.DataFrame(rows, infer_schema_length=None)
-                lists = [c for c, t in frame.schema.items() if isinstance(t, pl.List)]
-                frame = frame.with_columns(pl.col(c).list.join(" ") for c in lists)
-                frame.write_csv(out_dir / f"{name}.csv")
+            if getattr(self, name):
+                table(getattr(self, name)).write_csv(out_dir / f"{name}.csv")
+
+
+def table(rows: list[dict]) -> pl.DataFrame:
+    """Report rows as a flat frame (list values joined by spaces), for CSV and Parquet."""
+    frame = pl.DataFrame(rows, infer_schema_length=None)
+    lists = [c for c, t in frame.schema.items() if isinstance(t, pl.List)]
+    return frame.with_columns(pl.col(c).list.join(" ") for c in lists)
 
 
 def backtest(

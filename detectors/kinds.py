@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.rules import Rule
-from detectors.scoring import Outcome, RunInfo, Settings, _num, outcomes, score_outcomes
+from detectors.scoring import Outcome, RunInfo, Settings, json_num, outcomes, score_outcomes
 
 HEALTHY = "healthy"
 KIND_FIELDS = [
@@ -84,12 +84,12 @@ def kind_rows(rule_id: str, params: str, outs: dict[str, Outcome], runs: dict[st
                 "evaluable": len(o),
                 "triggered": sum(x.triggered for x in o),
                 "detected": None if healthy else sum(x.detected for x in o),
-                "trigger_rate": _num(sum(x.triggered for x in o) / len(o)) if o else None,
-                "recall": None if healthy or not o else _num(sum(x.detected for x in o) / len(o)),
-                "lead_time_median": _num(np.median(leads)) if leads else None,
-                "lead_time_mean": _num(np.mean(leads)) if leads else None,
-                "first_trigger_mean": _num(np.mean(firsts)) if firsts else None,
-                "false_alarms_per_1k": _num(1000 * sum(x.neg_alarms for x in o) / steps)
+                "trigger_rate": json_num(sum(x.triggered for x in o) / len(o)) if o else None,
+                "recall": None if healthy or not o else json_num(sum(x.detected for x in o) / len(o)),
+                "lead_time_median": json_num(np.median(leads)) if leads else None,
+                "lead_time_mean": json_num(np.mean(leads)) if leads else None,
+                "first_trigger_mean": json_num(np.mean(firsts)) if firsts else None,
+                "false_alarms_per_1k": json_num(1000 * sum(x.neg_alarms for x in o) / steps)
                 if healthy and steps
                 else None,
             }
@@ -145,7 +145,7 @@ def summary_rows(results: list[dict], kinds: list[dict]) -> list[dict]:
         after = r["recoveries_after_alarm"] or 0
         row = {
             **r,
-            "recovery_success": _num(r["recoveries_healthy"] / after) if after else None,
+            "recovery_success": json_num(r["recoveries_healthy"] / after) if after else None,
             "kinds_caught": caught.get((r["rule"], r["params"]), []),
         }
         out.append({k: row.get(k) for k in SUMMARY_FIELDS})

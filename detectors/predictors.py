@@ -150,10 +150,32 @@ _POW_C = np.geomspace(1e-3, 5.0, 48)
 _EXP_C = np.geomspace(1e-2, 1e3, 48)
 
 
+def _basis(family: str, x: np.ndarray, cs: np.ndarray) -> np.ndarray:
+    return x[None, :] ** -cs[:, None] if family == "pow" else np.exp(-cs[:, None] * x[None, :])
+
+
+def _best_c(family: str, x: np.ndarray, y: np.ndarray, cs: np.ndarray) -> tuple[float, float, float, float]:
+    """(sse, a, b, c) of the best c in `cs`; a and b in closed form (least squares, a, b >= 0)."""
+    phi = _basis(family, x, cs)
+    pm, ym = phi.mean(1), y.mean()
+    var = ((phi - pm[:, None]) ** 2).sum(1)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        b = ((phi - pm[:, None]) * (y - ym)).sum(1) / var
+    b = np.where(np.isfinite(b) & (b > 0), b, 0.0)
+    a = ym - b * pm
+    neg = a < 0  # the floor at 0: refit b alone
+    if neg.any():
+        b = np.where(neg, (phi * y).sum(1) / np.maximum((phi * phi).sum(1), 1e-300), b)
+        a = np.where(neg, 0.0, a)
+    sse = ((a[:, None] + b[:, None] * phi - y) ** 2).sum(1)
+    i = int(np.nanargmin(sse))
+    return float(sse[i]), float(a[i]), float(b[i]), float(cs[i])
+
+
 def fit_curve(t: np.ndarray, y: np.ndarray, t_end: float):
     """The better least-squares fit of a + b·x^-c and a + b·e^(-c·x) (a, b >= 0: a loss falls
     towards a floor), x = time scaled to (0, 1] by t_end, as a function of steps; None when
-    there is too little to fit. For each c on a grid, a and b are solved in closed form."""
+    there is too little to fit. c is searched on a grid, then refined twice around the best."""
     if len(y) < 5 or not np.isfinite(y).all():
         return None
     t0, span = float(t[0]), max(1.0, float(t_end) - float(t[0]) + 1.0)
@@ -164,22 +186,14 @@ def fit_curve(t: np.ndarray, y: np.ndarray, t_end: float):
     x = scale(t)
     best = None
     for family, cs in (("pow", _POW_C), ("exp", _EXP_C)):
-        phi = x[None, :] ** -cs[:, None] if family == "pow" else np.exp(-cs[:, None] * x[None, :])
-        pm, ym = phi.mean(1), y.mean()
-        var = ((phi - pm[:, None]) ** 2).sum(1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            b = ((phi - pm[:, None]) * (y - ym)).sum(1) / var
-        b = np.where(np.isfinite(b) & (b > 0), b, 0.0)
-        a = ym - b * pm
-        neg = a < 0  # the floor at 0: refit b alone
-        if neg.any():
-            b = np.where(neg, (phi * y).sum(1) / np.maximum((phi * phi).sum(1), 1e-300), b)
-            a = np.where(neg, 0.0, a)
-        sse = ((a[:, None] + b[:, None] * phi - y) ** 2).sum(1)
-        i = int(np.nanargmin(sse))
-        if best is None or sse[i] < best[0]:
-            best = (sse[i], family, a[i], b[i], cs[i])
-    _, family, a, b, c = best
+        step = cs[1] / cs[0]
+        fit = _best_c(family, x, y, cs)
+        for _ in range(2):
+            step = step ** (1 / 8)
+            fit = min(fit, _best_c(family, x, y, fit[3] * step ** np.arange(-8, 9)))
+        if best is None or fit[0] < best[0]:
+            best = (*fit, family)
+    _, a, b, c, family = best
 
     def curve(steps):
         xs = scale(steps)

@@ -86,7 +86,7 @@ class Outcome:
     first: int | None = None  # the first alarm step (failed runs)
 
 
-def _num(x) -> float | None:
+def json_num(x) -> float | None:
     """JSON-safe: None for NaN/inf/None."""
     if x is None:
         return None
@@ -208,23 +208,23 @@ def metrics(outs: list[Outcome]) -> dict:
     return {
         "evaluable_failed": len(f),
         "evaluable_healthy": len(h),
-        "trigger_rate_failed": _num(tr_f),
-        "trigger_rate_healthy": _num(tr_h),
-        "separation": _num(tr_f - tr_h) if f and h else None,
-        "separation_p": _num(p),
-        "recall": _num(tp / len(f)) if f else None,
-        "precision": _num(tp / (tp + fp)) if tp + fp else None,
-        "false_alarms_per_1k": _num(1000 * sum(o.neg_alarms for o in outs) / neg_steps)
+        "trigger_rate_failed": json_num(tr_f),
+        "trigger_rate_healthy": json_num(tr_h),
+        "separation": json_num(tr_f - tr_h) if f and h else None,
+        "separation_p": json_num(p),
+        "recall": json_num(tp / len(f)) if f else None,
+        "precision": json_num(tp / (tp + fp)) if tp + fp else None,
+        "false_alarms_per_1k": json_num(1000 * sum(o.neg_alarms for o in outs) / neg_steps)
         if neg_steps
         else None,
-        "false_alarms_per_1k_healthy": _num(1000 * sum(o.neg_alarms for o in h) / h_steps)
+        "false_alarms_per_1k_healthy": json_num(1000 * sum(o.neg_alarms for o in h) / h_steps)
         if h_steps
         else None,
-        "lead_time_median": _num(np.median(leads)) if leads else None,
-        "lead_time_mean": _num(np.mean(leads)) if leads else None,
-        "lead_time_std": _num(np.std(leads, ddof=1)) if len(leads) > 1 else None,
-        "first_trigger_mean": _num(np.mean(firsts)) if firsts else None,
-        "first_trigger_std": _num(np.std(firsts, ddof=1)) if len(firsts) > 1 else None,
+        "lead_time_median": json_num(np.median(leads)) if leads else None,
+        "lead_time_mean": json_num(np.mean(leads)) if leads else None,
+        "lead_time_std": json_num(np.std(leads, ddof=1)) if len(leads) > 1 else None,
+        "first_trigger_mean": json_num(np.mean(firsts)) if firsts else None,
+        "first_trigger_std": json_num(np.std(firsts, ddof=1)) if len(firsts) > 1 else None,
         "never_fired": sum(1 for o in f if o.first is None),
     }
 
@@ -243,8 +243,8 @@ def intervals(outs: list[Outcome], settings: Settings) -> dict:
     def ci(name, samples):
         samples = samples[np.isfinite(samples)]
         if len(samples):
-            out[f"{name}_ci_low"] = _num(np.percentile(samples, 2.5))
-            out[f"{name}_ci_high"] = _num(np.percentile(samples, 97.5))
+            out[f"{name}_ci_low"] = json_num(np.percentile(samples, 2.5))
+            out[f"{name}_ci_high"] = json_num(np.percentile(samples, 97.5))
 
     tp = fp = 0
     if f:

@@ -85,16 +85,35 @@ def _scores(outs: dict[str, Outcome], subset) -> dict:
     return metrics([outs[r] for r in subset if r in outs])
 
 
-def pick(points: list[dict[str, Outcome]], subset, budget: float, default: int | None = None) -> int:
-    """Index of the point picked on `subset` (see the module docstring); on a tie the default."""
+class _Counts:
+    """One sweep point's outcomes on the tuning runs as count vectors, so that the score of
+    any subset of runs (all but one fold) is a masked sum, not a pass over Outcome objects."""
 
-    def key(i):
-        m = _scores(points[i], subset)
-        fa = m["false_alarms_per_1k"] or 0.0
-        return (fa <= budget, m["recall"] or 0.0, -fa, m["separation"] or -1.0, i == default)
+    def __init__(self, outs: dict[str, Outcome], runs: list[str]):
+        o = [outs.get(r) for r in runs]
+        self.ok = np.array([x is not None for x in o])
+        self.failed = np.array([x is not None and x.failed for x in o])
+        self.healthy = self.ok & ~self.failed
+        self.detected = np.array([x is not None and x.detected for x in o])
+        self.triggered = np.array([x is not None and x.triggered for x in o])
+        self.alarms = np.array([x.neg_alarms if x else 0 for x in o], dtype=float)
+        self.steps = np.array([x.neg_steps if x else 0 for x in o], dtype=float)
 
-    keys = [key(i) for i in range(len(points))]
-    if not any(k[0] for k in keys):  # nothing fits the budget: the quietest point
+    def key(self, mask: np.ndarray, budget: float, is_default: bool) -> tuple:
+        """(fits the budget, recall, -false alarms per 1k, separation, is the default)."""
+        f, h = self.failed & mask, self.healthy & mask
+        steps = self.steps[mask & self.ok].sum()
+        fa = 1000 * self.alarms[mask & self.ok].sum() / steps if steps else 0.0
+        recall = self.detected[f].mean() if f.any() else 0.0
+        sep = self.triggered[f].mean() - self.triggered[h].mean() if f.any() and h.any() else -1.0
+        return (fa <= budget, recall, -fa, sep, is_default)
+
+
+def pick(points: list[_Counts], mask: np.ndarray, budget: float, default: int | None = None) -> int:
+    """Index of the point picked on the runs in `mask` (see the module docstring); on a tie the
+    default; when nothing fits the budget, the quietest point."""
+    keys = [p.key(mask, budget, i == default) for i, p in enumerate(points)]
+    if not any(k[0] for k in keys):
         return max(range(len(points)), key=lambda i: (keys[i][2], keys[i][1], keys[i][4]))
     return max(range(len(points)), key=lambda i: keys[i])
 
@@ -109,12 +128,12 @@ def tune_rule(
     """One rule's tuning report; rule_points are (point, outcomes per run, is the default)."""
     outs = [o for _, o, _ in rule_points]
     default = next((i for i, (_, _, d) in enumerate(rule_points) if d), None)
-    chosen = pick(outs, tuning_runs, budget, default)
+    counts = [_Counts(o, tuning_runs) for o in outs]
+    chosen = pick(counts, np.ones(len(tuning_runs), bool), budget, default)
     fold_picks = []
     cv: dict[str, Outcome] = {}
     for fold in folds:
-        held = set(fold)
-        i = pick(outs, [r for r in tuning_runs if r not in held], budget, default)
+        i = pick(counts, ~np.isin(tuning_runs, fold), budget, default)
         fold_picks.append(i)
         cv.update({r: outs[i][r] for r in fold if r in outs[i]})
     ins, cvm = _scores(outs[chosen], tuning_runs), metrics(list(cv.values()))

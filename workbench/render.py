@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import sys
 
 import polars as pl
@@ -173,11 +174,16 @@ def backtest_report(result, budget: float, frontier, best_under_budget) -> None:
 
 def csv_rows(rows: list[dict]) -> str:
     """Report rows as CSV (list values joined by spaces)."""
-    if not rows:
-        return ""
-    frame = pl.DataFrame(rows, infer_schema_length=None)
-    lists = [c for c, t in frame.schema.items() if isinstance(t, pl.List)]
-    return frame.with_columns(pl.col(c).list.join(" ") for c in lists).write_csv()
+    from detectors.backtest import table
+
+    return table(rows).write_csv() if rows else ""
+
+
+def _changed(params: str, default: str | None) -> str:
+    """The parameters of a pick that differ from the default's, as k=v."""
+    p, d = json.loads(params), json.loads(default or "{}")
+    diff = [f"{k}={v}" for k, v in p.items() if d.get(k) != v]
+    return ", ".join(diff) if diff else "= default"
 
 
 def _ci(lo, hi) -> str:
@@ -336,7 +342,7 @@ def tuning_report(result) -> None:
         return
     t0 = result.tuning[0]
     holdout = any(t["holdout_runs"] for t in result.tuning)
-    cols = ["rule", "picked (default)", "agree", "in-sample recall / FA", "cross-val recall / FA", "optimism"]
+    cols = ["rule", "picked", "agree", "in-sample recall / FA", "cross-val recall / FA", "optimism"]
     if holdout:
         cols += [f"holdout ({t0['holdout_runs']} runs) picked", "holdout default"]
     table = Table(
@@ -345,10 +351,9 @@ def tuning_report(result) -> None:
         title=f"tuning within {t0['budget']:g} FA/1k, {t0['folds']} folds",
     )
     for t in result.tuning:
-        picked = t["picked_params"] if t["picked_params"] != t["default_params"] else "= default"
         row = [
             escape(t["rule"]),
-            escape(picked[:60]),
+            escape(_changed(t["picked_params"], t["default_params"])),
             _fmt(t["pick_agreement"], True),
             f"{_fmt(t['in_sample_recall'], True)} / {_fmt(t['in_sample_false_alarms_per_1k'])}",
             f"{_fmt(t['cv_recall'], True)} / {_fmt(t['cv_false_alarms_per_1k'])}",
