@@ -30,7 +30,7 @@ class Evidence:
     """What a file says about how its run ended; the run's status is its strongest evidence
     (order: workbench.store.schema.STATUS_EVIDENCE)."""
 
-    status: str  # diverged | crashed | completed | running | incomplete
+    status: str  # diverged | crashed | completed | incomplete
     message: str  # in words, e.g. "HF Trainer wrote its final summary"
     step: int | None = None
     failure: str | None = None  # the failure kind an automatic label takes from it (crash, oom, ...)
@@ -101,6 +101,12 @@ class Ingestor(ABC):
     @abstractmethod
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
         """Batches for the bytes of `path` from `start` on, in file order."""
+
+    def config_used(self, run_config: dict, state: dict) -> str | None:
+        """What this file's reading took from its run's configuration (e.g. the batch size that
+        turns samples into steps), given the file's saved state; the file is read again when
+        the run's final configuration gives another answer. None: it depends on none."""
+        return None
 
     def run_folder(self, folder: Path) -> Path | None:
         """The run that files in `folder` belong to when the format's own layout says so (an

@@ -1,9 +1,10 @@
 """DeepSpeed monitor CSVs: `<output_path>/<job_name>/Train_Samples_train_loss.csv`, header
 `step,<name>`, one file per metric.
 
-The x axis counts *samples*. With the run's `train_batch_size` (from its ds_config) the x
-becomes the optimizer step and the sample count is kept as the series `samples`; without a
-config the x is stored as is and the run's notes say so. A restarted job appends a second
+The x axis counts *samples*. With the run's `train_batch_size` (see `ingest.ds_config`) the x
+becomes the optimizer step and the sample count is kept as the series `samples`; without one
+the x is stored as is and the file's note says so. The file is read again when the run's batch
+size becomes known later (another file of the run states it). A restarted job appends a second
 header mid-file: it is skipped, and the re-logged steps supersede the old ones.
 """
 
@@ -28,7 +29,7 @@ class _MonitorCsvParser(LineParser):
         self.tag = next(
             (new + stem[len(old) :] for old, new in EVENT_PREFIXES.items() if stem.startswith(old)), stem
         )
-        self.tbs = batch_size_of(ctx.run_config)
+        self.tbs, self.how = batch_size_of(ctx.run_config)
         self.samples: list[int] = []
         self.values: list[float] = []
 
@@ -73,6 +74,9 @@ class DeepSpeedMonitorCsvIngestor(LineIngestor):
     precedence = 60
     sub_source = True
     parser = _MonitorCsvParser
+
+    def config_used(self, run_config: dict, state: dict) -> str | None:
+        return str(batch_size_of(run_config)[0])
 
     def sniff(self, path: Path, head: bytes) -> bool:
         if not path.name.endswith(".csv"):

@@ -1,7 +1,12 @@
 """DeepSpeed's `ds_config.json`: the run's configuration (batch sizes, fp16, ZeRO, monitors).
 
-Read before the run's other files (`is_config`), so that the monitor CSVs can turn their sample
-counts into optimizer steps with `train_batch_size`.
+Read before the run's other files (`is_config`), so that the monitor series (CSV and
+TensorBoard, `Train/Samples/*`) can turn their sample counts into optimizer steps.
+`train_batch_size` = micro batch x gradient accumulation x world size; a config may give any two
+(DeepSpeed derives the third), and the engine prints the resolved values (`train_batch_size
+.... 16`, `world_size .... 1`) in its console at start (info level), which the console reader
+keeps as `deepspeed_engine`. With none of these, the ratio the cross-source agreement check
+finds between a monitor series and the same metric from another source is used (`learned`).
 """
 
 from __future__ import annotations
@@ -16,11 +21,28 @@ from ingest.lines import to_float
 CONFIG_KEYS = (b'"train_batch_size"', b'"train_micro_batch_size_per_gpu"', b'"zero_optimization"', b'"fp16"')
 
 
-def batch_size_of(config: dict) -> int | None:
-    """The run's train_batch_size from its ds_config, if known."""
+def batch_size_of(config: dict) -> tuple[int | None, str]:
+    """The run's train_batch_size (samples per optimizer step), and where it came from."""
     ds = config.get("ds_config") or {}
-    tbs = to_float(ds.get("train_batch_size"))
-    return int(tbs) if tbs else None
+    engine = config.get("deepspeed_engine") or {}
+    for source, value in (
+        ("ds_config", ds.get("train_batch_size")),
+        ("the console", engine.get("train_batch_size")),
+    ):
+        if (tbs := to_float(value)) and tbs >= 1:
+            return int(tbs), f"train_batch_size {int(tbs)} from {source}"
+    micro = to_float(ds.get("train_micro_batch_size_per_gpu") or engine.get("train_micro_batch_size_per_gpu"))
+    if not micro:
+        learned = (config.get("learned") or {}).get("train_batch_size")
+        if learned:
+            return int(learned), f"train_batch_size {learned} learned from {config['learned']['from']}"
+        return None, "no train_batch_size or train_micro_batch_size_per_gpu in the run's ds_config or console"
+    gas = to_float(ds.get("gradient_accumulation_steps") or engine.get("gradient_accumulation_steps")) or 1
+    world = to_float(engine.get("world_size"))
+    why = f"{int(micro)} x {int(gas)} gradient accumulation x world size " + (
+        f"{int(world)} from the console" if world else "1 (assumed: no console printed world_size)"
+    )
+    return int(micro * gas * (world or 1)), f"train_batch_size {why}"
 
 
 class DeepSpeedConfigIngestor(Ingestor):

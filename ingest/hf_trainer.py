@@ -1,10 +1,14 @@
 """Hugging Face Trainer output: `trainer_state.json` and `*_results.json`.
 
-`log_history` entries are told apart by their keys: train (has `loss`), eval (any `eval_*`
-key), and the final summary (has `train_runtime`, appended once at the end). Train and eval
-entries become points at their `step`; each eval entry is also an `eval` event; the final
-summary and the top-level state (best_metric, best_model_checkpoint, global_step, max_steps,
-...) go to the run's configuration. The file is rewritten at every save, so a changed file is
+`log_history` entries are told apart by their keys: the final summary (`train_loss` or
+`total_flos`, appended once at the end), train (`loss`), eval (any `eval_*` key), predict
+(`predict_*` / `test_*`). Recent Trainers with `include_num_input_tokens_seen` put
+`train_runtime`, `train_tokens_per_second` and `num_input_tokens_seen` into *every* train entry,
+so those keys do not mark the summary. Train, eval and predict entries become points at their
+`step` (a predict entry has none: it takes the last step logged before it); each eval entry is
+also an `eval` event; the final summary and the top-level state (best_metric,
+best_model_checkpoint, global_step, max_steps, logging_steps, ...) go to the run's
+configuration. NaN/Infinity are kept as written (bare JSON tokens). The file is rewritten at every save, so a changed file is
 re-read whole. A checkpoint's own trainer_state.json is a prefix of the run's and is never
 read as metrics (discovery leaves checkpoint folders alone).
 """
@@ -23,12 +27,14 @@ RESULTS_SUFFIX = "_results.json"
 
 
 def classify(entry: dict) -> str:
-    if "train_runtime" in entry:
+    if "train_loss" in entry or "total_flos" in entry:
         return "final"
     if "loss" in entry:
         return "train"
     if any(k.startswith("eval_") for k in entry):
         return "eval"
+    if any(k.startswith(("predict_", "test_")) for k in entry):
+        return "predict"
     return "other"
 
 
@@ -64,7 +70,8 @@ class HFTrainerIngestor(Ingestor):
             yield batch
             return
         conv = RecordsToPoints({})
-        kinds = {"train": 0, "eval": 0, "final": 0, "other": 0}
+        kinds = {"train": 0, "eval": 0, "predict": 0, "final": 0, "other": 0}
+        last_step = None
         for i, entry in enumerate(state.get("log_history") or []):
             if not isinstance(entry, dict):
                 batch.problems.append(Problem(i, "bad_entry", f"log_history[{i}] is not an object; skipped"))
@@ -76,9 +83,12 @@ class HFTrainerIngestor(Ingestor):
             if kind == "final":
                 batch.config["trainer_summary"] = entry
                 continue
+            if step is None and kind == "predict" and last_step is not None:
+                step = last_step
             if step is None:
                 batch.problems.append(Problem(i, "no_step", f"log_history[{i}] has no step; skipped"))
                 continue
+            last_step = step
             conv.add(entry, step=int(step), skip=("step",))
             if kind == "eval":
                 metrics = {k: v for k, v in entry.items() if k.startswith("eval_")}

@@ -5,7 +5,9 @@ flattened with `/`, numbers given as strings ("0.00", "100%") are numbers, bare 
 kept. Covers plain PyTorch loops, LLaMA-Factory's `trainer_log.jsonl` (`current_steps`), old
 fairseq `--log-format json` lines (`num_updates`; validation records carry no step and take
 the last one seen). A record without a step takes the last step seen earlier in the file; with
-none seen yet it is counted and skipped.
+none seen yet it is counted and skipped. A `.json` file (one document, not lines) is a log only
+when its first record carries a step: model, tokenizer and adapter configs sit beside logs in
+real run folders and are skipped.
 """
 
 from __future__ import annotations
@@ -36,6 +38,19 @@ STEP_KEYS = (
 TIME_KEYS = ("wall_time", "_timestamp", "timestamp", "time")
 NOT_METRICS = {"total_steps"}  # progress bookkeeping that would only clutter the tag list
 HF_SPECIAL = ("trainer_state.json", "_results.json", "ds_config")
+# JSON files that sit beside logs in real run folders and are no metrics log
+NOT_LOGS = {
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "adapter_config.json",
+    "preprocessor_config.json",
+    "metadata.json",
+    "pruned_blobs.json",
+}
 
 
 def flatten(obj: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
@@ -136,10 +151,13 @@ class JsonLinesIngestor(LineIngestor):
         name = path.name.lower()
         if any(s in name for s in HF_SPECIAL) or not (".json" in name or name.endswith((".log", ".txt"))):
             return False
+        if name.removesuffix(".gz") in NOT_LOGS:
+            return False
         head = read_head(path, 4096) if path.name.endswith(".gz") else head
         first = head.lstrip()[:1]
+        whole_json = name.endswith((".json", ".json.gz"))  # one document: a log only if it has steps
         if first == b"[":
-            return name.endswith((".json", ".json.gz"))
+            return whole_json and any(f'"{k}"'.encode() in head for k in STEP_KEYS)
         if first != b"{":
             return False
         line = head.lstrip().split(b"\n", 1)[0]
@@ -147,7 +165,9 @@ class JsonLinesIngestor(LineIngestor):
             rec = json.loads(line)
         except ValueError:
             return len(line) >= len(head.lstrip()) - 1  # a first line longer than the head
-        return isinstance(rec, dict) and any(to_float(v) is not None for _, v in flatten(rec))
+        if not isinstance(rec, dict) or not any(to_float(v) is not None for _, v in flatten(rec)):
+            return False
+        return not whole_json or any(k in rec for k in STEP_KEYS)
 
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
         if read_head(path, 64).lstrip()[:1] == b"[":

@@ -22,8 +22,11 @@ import polars as pl
 from workbench.store.schema import LINEAGE
 
 
-def build(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-    """All edges, from the views of one store generation (a `derive` hook of the store's commit)."""
+def build(
+    con: duckdb.DuckDBPyConnection, previous: pl.DataFrame = None, changed: set[str] = ()
+) -> pl.DataFrame:
+    """All edges, from the views of one store generation (a `derive` hook of the store's commit:
+    edges join runs, so they are rebuilt whole; metadata only, no points are read)."""
     # per file and tag: a restart is judged between files that write the same tag (a monitor's
     # one-file-per-metric CSVs are parallel writers, not segments)
     segs = con.sql("""
@@ -108,7 +111,10 @@ def build(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
             first = min(v for t, v in zip(cur["tags"], cur["first"], strict=True) if t in shared)
             last = max(v for t, v in zip(prev["tags"], prev["last"], strict=True) if t in shared)
             prev_first = min(v for t, v in zip(prev["tags"], prev["first"], strict=True) if t in shared)
-            if not prev_first < first <= last:  # parallel writers start together; a resume starts mid-way
+            cur_last = max(v for t, v in zip(cur["tags"], cur["last"], strict=True) if t in shared)
+            # parallel writers start together; a resume starts mid-way; a file that only logs the
+            # last step again (a final evaluation by a new writer) continues nothing
+            if not prev_first < first <= last or (first == last and cur_last == last):
                 continue
             cur = {"path": cur["path"], "segment": cur["segment"], "first_step": first}
             prev = {"last_step": last}

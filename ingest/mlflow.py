@@ -17,7 +17,8 @@ from ingest.lines import LineIngestor, LineParser, flat_yaml, to_float
 from workbench.store.points import Points
 
 STATUS = {1: "RUNNING", 2: "SCHEDULED", 3: "FINISHED", 4: "FAILED", 5: "KILLED"}
-RUN_STATUS = {"FINISHED": "completed", "FAILED": "crashed", "KILLED": "crashed", "RUNNING": "running"}
+# RUNNING is no evidence: a run killed without a goodbye stays RUNNING forever
+RUN_STATUS = {"FINISHED": "completed", "FAILED": "crashed", "KILLED": "crashed"}
 
 
 def mlflow_run_dir(folder: Path) -> Path | None:

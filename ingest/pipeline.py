@@ -16,6 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import polars as pl
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -26,9 +28,10 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from ingest import checkpoints, lineage
+from ingest import agreement, checkpoints, lineage
 from ingest.base import Ingestor, Problem, ReadContext
 from ingest.discover import Found, discover, run_id_for
+from ingest.ds_config import batch_size_of
 from ingest.labels import read_labels_toml
 from ingest.registry import make_ingestors, precedence
 from workbench.errors import NotFoundError
@@ -180,9 +183,61 @@ def ingest(
             for f, run_id, offset, prev in plans:
                 progress.update(task, description=f.path.name[-40:])
                 _read_file(w, by_name[f.format], f, run_id, offset, prev, report, progress, task)
-        w.commit(derive={"lineage": lineage.build})
+            _reread_stale(w, by_name, {str(f.path): f for f, _ in work}, {p[1] for p in plans}, report)
+        derive = {"lineage": lineage.build, "agreement": agreement.build}
+        w.commit(derive=derive)
+        if _learn_batch_sizes(store, w):
+            _reread_stale(w, by_name, {str(f.path): f for f, _ in work}, w.changed_runs, report)
+            w.commit(derive=derive)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _learn_batch_sizes(store: Store, w: StoreWriter) -> bool:
+    """DeepSpeed monitor series still on a samples axis (no batch size anywhere in their run)
+    whose values agree with another source's once the axis is divided by a whole ratio: take
+    that ratio as the run's train_batch_size. Whether any run learned one."""
+    con = store.connect()
+    try:
+        scaled = con.sql(
+            "SELECT run_id, abs(step_scale) AS k, source_a, source_b, step_scale FROM agreement "
+            "WHERE verdict = 'scaled' AND ((step_scale < 0 AND starts_with(tag_a, 'Train/Samples/')) "
+            "OR (step_scale > 0 AND starts_with(tag_b, 'Train/Samples/')))"
+        ).fetchall()
+    finally:
+        con.close()
+    learned = False
+    for run_id, k, a, b, scale in scaled:
+        config = w.run_config(run_id)
+        if batch_size_of(config)[0] is None:
+            other = b if scale < 0 else a
+            w.set_run_config(
+                run_id, {"learned": {"train_batch_size": int(k), "from": f"agreement with {other}"}}
+            )
+            w.changed_runs.add(run_id)
+            learned = True
+    return learned
+
+
+def _reread_stale(
+    w: StoreWriter,
+    by_name: dict[str, Ingestor],
+    found: dict[str, Found],
+    runs: set[str],
+    report: IngestReport,
+) -> None:
+    """Read again the files whose reading took something from their run's configuration that a
+    later file of the run changed (a batch size stated by a console read after the monitor CSV)."""
+    rows = w.table("files").filter(pl.col("run_id").is_in(sorted(runs)) & pl.col("format").is_not_null())
+    for row in rows.iter_rows(named=True):
+        ingestor, f = by_name.get(row["format"]), found.get(row["path"])
+        if ingestor is None or f is None:
+            continue
+        state = json.loads(row["state"]) if row["state"] else {}
+        if ingestor.config_used(w.run_config(row["run_id"]), state) != row["config_used"]:
+            w.drop_file(row["path"])
+            _read_file(w, ingestor, f, row["run_id"], 0, None, report, None, None)
+            report.files_read -= 1  # counted once, when it was first read
 
 
 def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: IngestReport) -> None:
@@ -225,12 +280,14 @@ def _file_row(f: Found, run_id: str, status: str, **kw) -> dict:
         "head_sig": None,
         "tail_sig": None,
         "first_wall_time": None,
+        "last_wall_time": None,
         "records": 0,
         "points": 0,
         "problems": 0,
         "note": None,
         "contents": None,
         "state": None,
+        "config_used": None,
         "ingested_at": time.time(),
     }
     row.update(kw)
@@ -254,6 +311,7 @@ def _read_file(
     points = prev["points"] if prev else 0
     n_problems = prev["problems"] if prev else 0
     first_wall = prev["first_wall_time"] if prev else None
+    last_wall = prev["last_wall_time"] if prev else None
     consumed = offset
     note = None
     contents = Counter(json.loads(prev["contents"]) if prev and prev["contents"] else {})
@@ -300,12 +358,14 @@ def _read_file(
                 w.set_run_config(run_id, batch.config)
             if first_wall is None and batch.first_wall_time is not None:
                 first_wall = batch.first_wall_time
+            last_wall = _latest(last_wall, batch)
             records += batch.records
             points += len(batch.points)
             n_problems += len(batch.problems)
             report.points += len(batch.points)
             report.bytes_read += batch.end - batch.start
-            progress.advance(task, batch.end - batch.start)
+            if progress is not None:
+                progress.advance(task, batch.end - batch.start)
             consumed = batch.end
             note = batch.note
             if batch.state is not None:
@@ -334,14 +394,26 @@ def _read_file(
             head_sig=_sig(f.path, 0, min(SIG_BYTES, consumed)),
             tail_sig=_sig(f.path, consumed - SIG_BYTES, consumed),
             first_wall_time=first_wall,
+            last_wall_time=last_wall,
             records=records,
             points=points,
             problems=n_problems,
             note=note,
             state=json.dumps(state, sort_keys=True) if state else None,
+            config_used=ingestor.config_used(ctx.run_config, state),
             contents=json.dumps(dict(sorted(contents.items()))) if contents else None,
         )
     )
+
+
+def _latest(last: float | None, batch) -> float | None:
+    """The newest wall time seen in the file so far (points and events)."""
+    times = [t for t in (last, batch.first_wall_time) if t is not None]
+    walls = batch.points.wall_time
+    if len(walls) and np.isfinite(walls).any():
+        times.append(float(np.nanmax(walls)))
+    times += [e["wall_time"] for e in batch.events if e.get("wall_time") is not None]
+    return max(times, default=None)
 
 
 def print_report(report: IngestReport, console: Console | None = None, max_problems: int = 20) -> None:

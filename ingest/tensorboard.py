@@ -3,7 +3,9 @@
 Scalars in all four encodings (simple_value; a one-element `scalars` tensor with float_val,
 double_val or tensor_content), decoded in bulk by `ingest.tfevents`. Text summaries become
 `text` events, hparams become the run's config, SessionLog START/CHECKPOINT become `resume` /
-`checkpoint` events. Histograms, images and audio are counted, not stored.
+`checkpoint` events. Histograms, images and audio are counted, not stored. DeepSpeed's
+TensorBoard monitor logs `Train/Samples/*` against samples: those tags are put on optimizer
+steps with the run's train_batch_size (see `ingest.ds_config`).
 
 Damage is salvaged: a record whose data CRC fails is skipped by its length, a broken length
 field is resynchronised on the next whole valid record; both are reported with byte offsets.
@@ -21,9 +23,11 @@ import numpy as np
 
 from ingest import tfevents
 from ingest.base import Batch, Evidence, Ingestor, Problem, ReadContext, event
+from ingest.ds_config import batch_size_of
 from ingest.framing import CRC_TABLES, frame_records
 from workbench.store.points import Points
 
+SAMPLES_PREFIX = "Train/Samples/"  # DeepSpeed's monitor: these tags count samples, not steps
 BLOCK_BYTES = 64 << 20  # bounded memory: a file is decoded this many bytes at a time
 PARALLEL_MIN_RECORDS = 20_000  # below this, a second thread costs more than it saves
 
@@ -49,6 +53,8 @@ class TensorBoardIngestor(Ingestor):
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
         """Decode `path` from byte `start` on, one Batch per block."""
         plugins = dict(ctx.plugins)
+        samples = ctx.state.get("ds_samples", False)
+        tbs = batch_size_of(ctx.run_config)[0]
         with open(path, "rb") as f:
             pos = start
             block = BLOCK_BYTES
@@ -64,6 +70,8 @@ class TensorBoardIngestor(Ingestor):
                     block *= 2  # one record larger than a block: read more
                     continue
                 batch = self._decode(path, buf, pos, offs, lens, int(end), gaps, plugins)
+                samples = _samples_to_steps(batch.points, tbs) or samples
+                batch.state = {"ds_samples": True} if samples else None
                 if at_eof and end < len(buf):
                     batch.note = (
                         f"incomplete last record at byte {pos + int(end)} "
@@ -74,6 +82,9 @@ class TensorBoardIngestor(Ingestor):
                     return
                 pos = batch.end
                 block = BLOCK_BYTES
+
+    def config_used(self, run_config: dict, state: dict) -> str | None:
+        return str(batch_size_of(run_config)[0]) if state.get("ds_samples") else None
 
     # ---------------------------------------------------------------------------------------
     def _decode(self, path, buf, base, offs, lens, end, gaps, plugins) -> Batch:
@@ -231,6 +242,16 @@ class TensorBoardIngestor(Ingestor):
         ):
             batch.counts[name] = batch.counts.get(name, 0) + int((mask & other).sum())
         return points
+
+
+def _samples_to_steps(points: Points, tbs: int | None) -> bool:
+    """Put DeepSpeed monitor tags (`Train/Samples/*`, x = samples) on optimizer steps, in place;
+    whether the batch has any."""
+    codes = [i for i, t in enumerate(points.tags) if t.startswith(SAMPLES_PREFIX)]
+    if codes and tbs:
+        mask = np.isin(points.tag_code, codes)
+        points.step[mask] //= tbs
+    return bool(codes)
 
 
 def _utf8(b) -> str:

@@ -5,12 +5,28 @@ iteration lines *and* DeepSpeed OVERFLOW notices; an HF run with DeepSpeed print
 progress). The rules that shape the patterns:
 - Each line is cleaned as a terminal shows it (text after the last `\\r`, no ANSI codes) and
   patterns are *searched*, because tqdm bars are glued to the front of records.
-- The current step is the last step a line stated (`step=`, `global_step=`, `iteration N/`,
-  `steps: N`, `step:N/T`, `num_updates=`); lines with no step take it; before any step they are
-  counted and skipped.
+- The current step is the last step a line stated (`step=`, `iteration N/`, `steps: N`,
+  `step:N/T`, `num_updates=`); lines with no step take it; before any step they are counted and
+  skipped, except where the step can be counted (below).
+- DeepSpeed's engine `step=N` line is the authority: the throughput timer's own
+  `global_step=` restarts at 0 when a run resumes, so throughput lines take the engine's step
+  when the file has one. The `step=0` line DeepSpeed prints at engine start describes the engine
+  before any checkpoint is loaded: when a `Loading checkpoint` line follows before the next
+  step, it is dropped, and the count continues from the loaded checkpoint's step.
 - An OVERFLOW notice carries no step: it belongs to the step in progress, so it waits for the
   next line that states a step. Each notice is an `overflow` event (attempted and new scale) and
   a point of the derived series `derived/loss_scale`.
+- DeepSpeed timers (`wall_clock_breakdown`): the ZeRO optimizer and micro-step timers print
+  before the step they time is reported, so they wait for the next step too; the global timer
+  line (`fwd | bwd | ... | step`) closes a step. At the default log level (DeepSpeed >= 0.19 prints
+  no `step=` lines) the steps are counted from those global lines, and the file's note says so.
+- HF / TRL console dicts (`{'loss': '1.156', ..., 'epoch': '0.84'}`) carry no step: with no
+  step line in the file, the k-th training dict is step k x `logging_steps` (from the run's
+  trainer_state.json, read again once it is known), evaluation dicts take the step of the last
+  training dict, and the note says the steps were counted.
+- Lines with a timestamp prefix (`[YYYY-MM-DD HH:MM:SS,mmm]` of DeepSpeed, fairseq's and
+  loguru's, Megatron's `[YYYY-MM-DD HH:MM:SS]`) give their points a wall time (read as local
+  time); the file's first timestamp orders it among the run's other files.
 - Fragments never produce values: every pattern needs its full context (`time (ms)` before
   timer items, `iteration N/ M |` before Megatron fields).
 The parser state (current step, pending notices, line number) is kept per file between ingests,
@@ -22,6 +38,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
+from datetime import datetime
 from pathlib import Path
 
 from ingest.base import Batch, Evidence, Problem, ReadContext, event
@@ -88,6 +105,12 @@ RECOVERY = re.compile(r"\[(?P<step>\d+)\] RECOVERY TRIGGERED: (?P<pattern>\S+) -
 OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|\bout of memory\b")
 NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|NCCL.*(?:[Tt]imeout|timed out)")
 TRACEBACK = "Traceback (most recent call last):"
+LINE_TIME = re.compile(r"^\[?(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?")
+DS_CONFIG_ITEM = re.compile(
+    r"\[config\.py:\d+:print\]\s+(?P<key>train_batch_size|train_micro_batch_size_per_gpu|"
+    r"gradient_accumulation_steps|world_size)\s+\.+\s+(?P<val>\d+)\s*$"
+)
+LAUNCHER_EXIT = re.compile(r"Process \d+ exits successfully")
 FLOPS_HEADER = re.compile(r"^-{5,} DeepSpeed Flops Profiler -{5,}\s*$")
 FLOPS_MAX_LINES = 80  # the summary is ~40 lines; never let a stray banner swallow the log
 FLOPS_STEP = re.compile(r"Profile Summary at step (?P<step>\d+)")
@@ -99,7 +122,7 @@ UNIT_BASES = {"", "MACs", "FLOPS", "flops", "s"}
 # every rule needs one of these substrings: lines with none are skipped in one C-level search
 TRIGGER = re.compile(
     r"step|SamplesPerSec|time \(ms\)|iteration|verflow|OVERFLOW|RECOVERY|heckpoint|minimum"
-    r"|Traceback|emory|ALLOC|imeout|timed out|Flops Profiler|\{'| \| | - "
+    r"|Traceback|emory|ALLOC|imeout|timed out|Flops Profiler|\{'| \| | - |config\.py|exits successfully"
 )
 SNIFF = (DS_PREFIX, OVERFLOW, MEG_ITER, NANOGPT, FAIRSEQ, HF_DICT, RECOVERY, DS_PIPE, TIMER)
 TEXT_SUFFIXES = (".log", ".txt", ".out", ".err", ".stdout", ".stderr")
@@ -119,6 +142,25 @@ def _num(s: str | None) -> float | None:
     return None if s is None else float(s)
 
 
+@functools.lru_cache(maxsize=4096)
+def _epoch_seconds(day: str, clock: str) -> float:
+    return datetime.strptime(f"{day} {clock}", "%Y-%m-%d %H:%M:%S").timestamp()
+
+
+def line_time(line: str) -> float | None:
+    """The wall time of a line with a timestamp prefix (local time), else None."""
+    if not line[:2].lstrip("[")[:1].isdigit() or not (m := LINE_TIME.match(line)):
+        return None
+    frac = float("0." + m[3]) if m[3] else 0.0
+    return _epoch_seconds(m[1], m[2]) + frac
+
+
+def _is_global_timer(names: list[str]) -> bool:
+    """DeepSpeed's per-step global timers (`fwd | bwd | ... | step`); micro-step and optimizer
+    timers print before the step they belong to is over."""
+    return "step" in names and not any(n.endswith("_microstep") for n in names)
+
+
 class _Parser(LineParser):
     """Per-file parser state; `feed` one line at a time."""
 
@@ -128,6 +170,20 @@ class _Parser(LineParser):
         self.step = state.get("step")
         self.no_step = state.get("no_step", 0)
         self.pending = state.get("pending", [])  # overflow notices waiting for their step
+        self.pending_values = state.get(
+            "pending_values", []
+        )  # [tag, value, wall]: timers waiting for their step
+        self.explicit = state.get("explicit", False)  # a progress line stated a step (not the init report)
+        self.init_values = state.get(
+            "init_values", []
+        )  # the engine-start `step=0` report, kept until we know
+        self.timer_step = state.get("timer_step")  # the step DeepSpeed's global timer lines count
+        self.awaiting_global = state.get("awaiting_global", False)
+        self.timer_rank = state.get("timer_rank")
+        self.counted = state.get("counted", 0)  # HF dicts placed by counting
+        self.logging_steps = _logging_steps(ctx.run_config)
+        self.wall = float("nan")  # of the line being read
+        self.first_wall = state.get("first_wall")
         self.builder = PointsBuilder()
         self.events: list[dict] = []
         self.problems: list[Problem] = []
@@ -139,48 +195,89 @@ class _Parser(LineParser):
         self.no_step_reported = self.no_step
 
     def state(self) -> dict:
-        return {"step": self.step, "line": self.line, "no_step": self.no_step, "pending": self.pending}
+        return {
+            "step": self.step,
+            "line": self.line,
+            "no_step": self.no_step,
+            "pending": self.pending,
+            "pending_values": self.pending_values,
+            "explicit": self.explicit,
+            "init_values": self.init_values,
+            "timer_step": self.timer_step,
+            "awaiting_global": self.awaiting_global,
+            "timer_rank": self.timer_rank,
+            "counted": self.counted,
+            "first_wall": self.first_wall,
+        }
 
-    def point(self, tag: str, value: float | None, step: int | None = None) -> None:
+    def point(
+        self, tag: str, value: float | None, step: int | None = None, wall: float | None = None
+    ) -> None:
         step = self.step if step is None else step
         if value is None:
             return
         if step is None:
             self.no_step += 1
             return
-        self.builder.add(tag, step, value)
+        self.builder.add(tag, step, value, self.wall if wall is None else wall)
 
     def at_step(self, step: int) -> None:
-        """A line stated the step in progress: place the notices that were waiting for it."""
+        """A line stated the step in progress: place what was waiting for it."""
         self.step = step
+        self._release_init()
         for p in self.pending:
-            self.events.append(event(step, None, "overflow", p["message"], p["attrs"], p["line"]))
+            self.events.append(event(step, p.get("wall"), "overflow", p["message"], p["attrs"], p["line"]))
             if p["attrs"].get("new_scale") is not None:
-                self.point("derived/loss_scale", p["attrs"]["new_scale"], step)
+                self.point("derived/loss_scale", p["attrs"]["new_scale"], step, p.get("wall"))
         self.pending = []
+        self._place_values(step)
+
+    def _place_values(self, step: int | None) -> None:
+        for tag, value, wall in self.pending_values:
+            self.point(tag, value, step, float("nan") if wall is None else wall)
+        self.pending_values = []
+
+    def _release_init(self) -> None:
+        """The engine-start report is step 0 of a fresh run (no checkpoint was loaded after it)."""
+        for tag, value, wall in self.init_values:
+            self.point(tag, value, 0, float("nan") if wall is None else wall)
+        self.init_values = []
 
     def place_pending_at_end(self) -> None:
-        """The log is finished: notices with no later step line belong to the last step seen."""
+        """The log is finished: what still waits for a step belongs to the last step seen."""
+        last = self.step if self.timer_step is None else max(self.step or 0, self.timer_step)
         for p in self.pending:
             attrs = {**p["attrs"], "step_placed": "last step before the notice (no later step line came)"}
-            self.events.append(event(self.step, None, "overflow", p["message"], attrs, p["line"]))
-            if p["attrs"].get("new_scale") is not None and self.step is not None:
-                self.point("derived/loss_scale", p["attrs"]["new_scale"], self.step)
+            self.events.append(event(last, p.get("wall"), "overflow", p["message"], attrs, p["line"]))
+            if p["attrs"].get("new_scale") is not None and last is not None:
+                self.point("derived/loss_scale", p["attrs"]["new_scale"], last, p.get("wall"))
         self.pending = []
+        self._release_init()
+        self._place_values(last)
 
     def end_block(self, batch: Batch, last: bool) -> None:
-        if last and self.pending and is_settled(self.path):
+        if last and (self.pending or self.pending_values or self.init_values) and is_settled(self.path):
             self.place_pending_at_end()
+        batch.first_wall_time = self.first_wall
         batch.points = self.builder.take()
         batch.events, self.events = self.events, []
         batch.problems, self.problems = self.problems, []
         batch.config, self.config = self.config, {}
         batch.records, self.records = self.records, 0
         batch.evidence = [
-            _evidence(e) for e in batch.events if e["kind"] in ("min_loss_scale", "crash", "oom")
+            _evidence(e) for e in batch.events if e["kind"] in ("min_loss_scale", "crash", "oom", "finished")
         ]
         if self.pending:
             batch.note = f"{len(self.pending)} OVERFLOW notices wait for the next line that states a step"
+        elif self.counted and not self.explicit:
+            per = (
+                f"x logging_steps {self.logging_steps}"
+                if self.logging_steps
+                else "(logging_steps unknown: step = count)"
+            )
+            batch.note = f"no line states a step: {self.counted} console dicts placed by counting {per}"
+        elif self.timer_step is not None and not self.explicit:
+            batch.note = "no line states a step: steps counted from DeepSpeed's global timer lines"
         batch.counts, self.kinds = self.kinds, {}
         if self.no_step > self.no_step_reported:
             batch.counts["values_before_first_step"] = self.no_step - self.no_step_reported
@@ -191,6 +288,10 @@ class _Parser(LineParser):
         line = strip_line(raw)
         if not line.strip():
             return
+        wall = line_time(line)
+        self.wall = float("nan") if wall is None else wall
+        if wall is not None and self.first_wall is None:
+            self.first_wall = wall
         if self.flops is not None and self._flops_line(line):
             return
         if self.last_crash is not None and self._traceback_line(line):
@@ -209,15 +310,28 @@ class _Parser(LineParser):
     def _progress(self, line: str) -> str | None:
         if "step=" in line and "skipped=" in line and (m := DS_STEP.search(line)):
             step = int(m["step"])
+            values = [("skipped", float(m["skipped"]))]
+            values += [
+                ("lr" if i == 0 else f"lr/{i}", to_float(v))
+                for i, v in enumerate(x for x in m["lr"].split(",") if x.strip())
+            ]
+            values.append(("mom", _first_momentum(m["mom"])))
+            if (
+                step == 0 and not self.explicit
+            ):  # the engine-start report: step 0 unless a checkpoint loads next
+                self.step, self.timer_step, self.awaiting_global = 0, 0, False
+                self.init_values = [[t, v, self.wall] for t, v in values if v is not None]
+                return "ds_progress"
             self.at_step(step)
-            self.point("skipped", float(m["skipped"]))
-            for i, v in enumerate(x for x in m["lr"].split(",") if x.strip()):
-                self.point("lr" if i == 0 else f"lr/{i}", to_float(v))
-            self.point("mom", _first_momentum(m["mom"]))
+            self.explicit, self.timer_step, self.awaiting_global = True, step, True
+            for tag, value in values:
+                self.point(tag, value)
             return "ds_progress"
         if "SamplesPerSec" in line:
             if m := DS_TPUT.search(line):
-                self.at_step(int(m["global_step"]))
+                if not self.explicit:  # its global_step restarts on resume: only without engine steps
+                    self.at_step(int(m["global_step"]))
+                    self.timer_step, self.awaiting_global = int(m["global_step"]), True
                 self.point("RunningAvgSamplesPerSec", _num(m["avg"]))
                 self.point("CurrSamplesPerSec", _num(m["cur"]))
                 self.point("MemAllocated", _num(m["mem"]))
@@ -241,8 +355,19 @@ class _Parser(LineParser):
             self.point("samples/sec", _num(m["sps"]))
             return "ds_pipeline"
         if "time (ms)" in line and (m := TIMER.search(line)):
-            for item in TIMER_ITEM.finditer(m["body"]):
-                self.point(f"time/{item['name'].strip()}", float(item["ms"]))
+            rank = m["rank"] or "0"
+            if self.timer_rank is None:
+                self.timer_rank = rank
+            if rank != self.timer_rank:  # every rank prints its timers: keep one rank's
+                return "timer_other_rank"
+            items = [(item["name"].strip(), float(item["ms"])) for item in TIMER_ITEM.finditer(m["body"])]
+            self.pending_values += [[f"time/{name}", ms, self.wall] for name, ms in items]
+            if _is_global_timer([name for name, _ in items]):
+                if self.awaiting_global:
+                    step, self.awaiting_global = self.timer_step, False
+                else:
+                    self.timer_step = step = (self.timer_step if self.timer_step is not None else 0) + 1
+                self.at_step(step)
             return "timer"
         return None
 
@@ -272,7 +397,7 @@ class _Parser(LineParser):
                 self.events.append(
                     event(
                         it,
-                        None,
+                        self.wall,
                         "nan_window",
                         f"iteration {it}: no lm loss (every iteration in the window skipped or NaN)",
                         {"fields": fields},
@@ -322,15 +447,28 @@ class _Parser(LineParser):
             except (ValueError, SyntaxError):
                 return None
             if isinstance(d, dict):
-                step = to_float(d.get("step"))
-                for k, v in d.items():
-                    if k != "step":
-                        self.point(k, to_float(v), None if step is None else int(step))
-                return "hf_dict"
+                return self._hf_dict(d, line)
         if " - " in line and (m := LOGURU.match(line)) and (lm := LOGURU_LOSS.search(m["msg"])):
             self.point("loss", float(lm["loss"]))
             return "loguru_loss"
         return None
+
+    def _hf_dict(self, d: dict, line: str) -> str:
+        """An HF / TRL console dict. Its step: its own, else the file's step, else counted."""
+        if "train_loss" in d and "loss" not in d:  # the Trainer's final summary, printed once
+            self.config["console_summary"] = {k: to_float(v) for k, v in d.items()}
+            self.events.append(event(self.step, self.wall, "finished", line.strip()[:500], {}, self.line))
+            return "hf_summary"
+        step = to_float(d.get("step"))
+        if step is not None:
+            step = int(step)
+        elif not self.explicit and "loss" in d:  # a training log: the k-th is step k x logging_steps
+            self.counted += 1
+            self.step = step = self.counted * (self.logging_steps or 1)
+        for k, v in d.items():
+            if k != "step":
+                self.point(k, to_float(v), step)
+        return "hf_dict"
 
     def _deepspeed_notices(self, line: str) -> str | None:
         if "verflow" not in line and "OVERFLOW" not in line:
@@ -344,7 +482,9 @@ class _Parser(LineParser):
             }
             if m["hyst"]:
                 attrs.update(hysteresis=int(m["hyst"]), new_hysteresis=int(m["new_hyst"]))
-            self.pending.append({"message": m.group(0), "attrs": attrs, "line": self.line})
+            self.pending.append(
+                {"message": m.group(0), "attrs": attrs, "line": self.line, "wall": _finite(self.wall)}
+            )
             return "overflow"
         if m := OVERFLOW_FP16.search(line):
             attrs = {
@@ -353,11 +493,15 @@ class _Parser(LineParser):
                 "attempted_scale": _num(m["scale"]),
                 "new_scale": _num(m["new_scale"]),
             }
-            self.pending.append({"message": m.group(0), "attrs": attrs, "line": self.line})
+            self.pending.append(
+                {"message": m.group(0), "attrs": attrs, "line": self.line, "wall": _finite(self.wall)}
+            )
             return "overflow"
         if m := GRAD_OVERFLOW.search(line):
             self.events.append(
-                event(int(m["iter"]), None, "overflow", m.group(0), {"variant": "grad_overflow"}, self.line)
+                event(
+                    int(m["iter"]), self.wall, "overflow", m.group(0), {"variant": "grad_overflow"}, self.line
+                )
             )
             return "overflow"
         return None
@@ -371,7 +515,7 @@ class _Parser(LineParser):
             self.events.append(
                 event(
                     int(m["step"]),
-                    None,
+                    self.wall,
                     "recovery",
                     line.strip(),
                     {"pattern": m["pattern"], "changes": changes},
@@ -382,28 +526,40 @@ class _Parser(LineParser):
         if "Saving model checkpoint" in line and (m := CKPT_SAVED.search(line)):
             gs = CKPT_STEP.search(m["path"])
             step = int(next(g for g in gs.groups() if g)) if gs else self.step
-            self.events.append(event(step, None, "checkpoint", line.strip(), {"path": m["path"]}, self.line))
+            self.events.append(
+                event(step, self.wall, "checkpoint", line.strip(), {"path": m["path"]}, self.line)
+            )
             return "checkpoint"
         if "heckpoint" in line and (m := CKPT_LOAD.search(line)):
             gs = CKPT_STEP.search(m["path"])
             step = int(next(g for g in gs.groups() if g)) if gs else None
-            self.events.append(event(step, None, "resume", line.strip(), {"path": m["path"]}, self.line))
+            self.events.append(event(step, self.wall, "resume", line.strip(), {"path": m["path"]}, self.line))
+            if not self.explicit:  # the engine-start report described the engine before this load
+                self.init_values = []
+                if step is not None:
+                    self.timer_step, self.awaiting_global = step, False
             return "checkpoint_load"
+        if "config.py" in line and (m := DS_CONFIG_ITEM.search(line)):
+            self.config.setdefault("deepspeed_engine", {})[m["key"]] = int(m["val"])
+            return "ds_config_dump"
+        if "exits successfully" in line and LAUNCHER_EXIT.search(line):
+            self.events.append(event(self.step, self.wall, "finished", line.strip()[:500], {}, self.line))
+            return "launcher_exit"
         if "loss scale already at minimum" in line and MIN_SCALE.search(line):
             self.place_pending_at_end()  # the run dies inside the step in progress
-            self.events.append(event(self.step, None, "min_loss_scale", line.strip(), {}, self.line))
+            self.events.append(event(self.step, self.wall, "min_loss_scale", line.strip(), {}, self.line))
             return "min_loss_scale"
         if line.startswith(TRACEBACK):
             self.place_pending_at_end()
-            self.last_crash = event(self.step, None, "crash", "Traceback", {}, self.line)
+            self.last_crash = event(self.step, self.wall, "crash", "Traceback", {}, self.line)
             self.events.append(self.last_crash)
             return "crash"
         if ("memory" in line or "Memory" in line or "ALLOC" in line) and OOM.search(line):
-            self.events.append(event(self.step, None, "oom", line.strip()[:500], {}, self.line))
+            self.events.append(event(self.step, self.wall, "oom", line.strip()[:500], {}, self.line))
             return "oom"
         if ("imeout" in line or "timed out" in line) and NCCL_TIMEOUT.search(line):
             self.events.append(
-                event(self.step, None, "text", line.strip()[:500], {"reason": "nccl_timeout"}, self.line)
+                event(self.step, self.wall, "text", line.strip()[:500], {"reason": "nccl_timeout"}, self.line)
             )
             return "nccl_timeout"
         if "Flops Profiler" in line and FLOPS_HEADER.match(line):
@@ -448,6 +604,9 @@ class TextLogIngestor(LineIngestor):
     precedence = 90
     parser = _Parser
 
+    def config_used(self, run_config: dict, state: dict) -> str | None:
+        return f"logging_steps {_logging_steps(run_config)}" if state.get("counted") else None
+
     def sniff(self, path: Path, head: bytes) -> bool:
         name = path.name.lower().removesuffix(".gz")
         if not (name.endswith(TEXT_SUFFIXES) or "stdout" in name or "stderr" in name):
@@ -458,7 +617,10 @@ class TextLogIngestor(LineIngestor):
 
 
 def _evidence(e: dict) -> Evidence:
-    """How a run ended, from a min-loss-scale exit, a traceback or an out-of-memory line."""
+    """How a run ended: a min-loss-scale exit, a traceback, an out-of-memory line, or a clean end
+    (the launcher's `exits successfully`, HF's final summary)."""
+    if e["kind"] == "finished":
+        return Evidence("completed", f"the log says it finished: {e['message']}", e["step"])
     if e["kind"] == "min_loss_scale":
         where = "?" if e["step"] is None else e["step"]
         return Evidence(
@@ -468,3 +630,13 @@ def _evidence(e: dict) -> Evidence:
             "fp16_overflow",
         )
     return Evidence("crashed", f"crash in the log: {e['message']}", e["step"], e["kind"])
+
+
+def _finite(x: float) -> float | None:
+    return None if x != x else x
+
+
+def _logging_steps(run_config: dict) -> int | None:
+    """The HF Trainer's logging_steps, when the run's trainer_state.json has been read."""
+    value = to_float((run_config.get("trainer_state") or {}).get("logging_steps"))
+    return int(value) if value and value >= 1 else None

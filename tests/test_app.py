@@ -52,7 +52,7 @@ def values(arr) -> np.ndarray:
 def test_runs_page_lists_and_filters(app):
     at = app()
     df = at.dataframe[0].value
-    assert len(df) == 15 and {"status", "label", "alerts", "last_loss"} <= set(df.columns)
+    assert len(df) == 20 and {"status", "label", "alerts", "last_loss"} <= set(df.columns)
     at.text_input(key="runs_pattern").input("^healthy").run()
     assert sorted(at.dataframe[0].value["run_id"]) == [
         "healthy_deepspeed_fp16",
@@ -64,7 +64,7 @@ def test_runs_page_lists_and_filters(app):
     assert not at.exception and at.warning
     at.text_input(key="runs_pattern").input("").run()
     at.multiselect(key="runs_label").set_value(["failed"]).run()
-    assert len(at.dataframe[0].value) == 9
+    assert len(at.dataframe[0].value) == 10
 
 
 def test_curves_page_smoothing_log_tags(app):

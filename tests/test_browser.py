@@ -112,7 +112,7 @@ def test_main_flow_curves_alerts_then_backtest(server):
         runs = page.locator('[data-testid="stMultiSelect"]').nth(0)
         for name in (
             "attention_collapse_recovery",
-            "diverge_nan",
+            "deepspeed_default_log_level",
         ):  # keep attention_collapse, then add the fp16 run
             runs.get_by_role("button", name=f"Remove {name}").click()
             page.wait_for_timeout(800)

@@ -33,6 +33,7 @@ def test_sample_runs_edges(samples):
     ).rows()
     assert [e[:5] for e in edges] == [
         ("attention_collapse_recovery", 0, "attention_collapse", 100, "recovery"),
+        ("deepspeed_resumed_after_kill", 2, "deepspeed_resumed_after_kill", 200, "resume"),
         ("resumed_after_kill", 1, "resumed_after_kill", 200, "resume"),
     ]
     assert json.loads(edges[0][5]) == {

@@ -30,7 +30,11 @@ BUILTIN: list[tuple[str, str]] = [
         r"((train|training)[/_])?samples[_ -]?per[_ -]?sec(ond)?|throughput|samples/sec(ond)?",
     ),
     ("samples_per_sec", r"(runningavg)?samplespersec"),
-    ("memory_gb", r"memory/rss_gb|memallocated|memory[/_]allocated(_gb)?|mem_gb"),
+    ("memory_gb", r"memory/rss_gb|mem_gb|memory_gb"),  # the process's memory
+    (
+        "memory_allocated_gb",
+        r"memallocated|memory[/_]allocated(_gb)?",
+    ),  # the accelerator's (DeepSpeed, torch.cuda)
     ("attn_entropy", r"attn(_output)?_entropy|attention[/_]entropy"),
     ("ln_input_std", r"ln_input_std(/layer_0)?"),
 ]

@@ -68,6 +68,14 @@ def read_meta(table: str, generation: Path | None) -> pl.DataFrame:
     )
 
 
+def read_derived(table: str, generation: Path | None) -> pl.DataFrame:
+    """A derived table of a generation (empty when it has none yet)."""
+    path = generation / f"{table}.parquet" if generation is not None else None
+    if path is None or not path.exists():
+        return schema.empty(schema.DERIVED_TABLES[table])
+    return pl.read_parquet(path)
+
+
 def fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -12,7 +12,7 @@ from workbench.store.store import Store
 
 RUNS_SQL = (
     "SELECT run_id, status, formats, files, segments, points, tags, first_step, last_step, "
-    "problems, evidence FROM runs ORDER BY run_id"
+    "problems, evidence, consistency FROM runs ORDER BY run_id"
 )
 TAGS_SQL = (
     "SELECT tag, metric, count(*) AS points, min(step) AS first_step, max(step) AS last_step, "

@@ -31,12 +31,14 @@ FILES = {
     "head_sig": pl.String,  # hash of the first bytes, to tell a rewrite from an append
     "tail_sig": pl.String,  # hash of the bytes just before `consumed`
     "first_wall_time": pl.Float64,  # orders a run's files into segments
+    "last_wall_time": pl.Float64,  # of its newest record: how long ago the run last wrote
     "records": pl.Int64,
     "points": pl.Int64,
     "problems": pl.Int64,
     "note": pl.String,  # why skipped, or the last error
     "contents": pl.String,  # JSON: what was seen but not stored as points (histograms, images, ...)
     "state": pl.String,  # JSON: the ingestor's resume state (line number, current step, ...)
+    "config_used": pl.String,  # what the reading took from the run's configuration (re-read when it changes)
     "ingested_at": pl.Float64,
 }
 
@@ -139,7 +141,7 @@ EVIDENCE = {
     "failure": pl.String,  # the failure kind an automatic label takes from it, or null
 }
 # strongest first; `incomplete` (stopped before its planned end, no crash seen) reads as crashed
-STATUS_EVIDENCE = ("diverged", "crashed", "completed", "running", "incomplete")
+STATUS_EVIDENCE = ("diverged", "crashed", "completed", "incomplete")
 
 # Lineage edges, derived from a whole generation at ingest (see ingest.lineage).
 LINEAGE = {
@@ -152,7 +154,23 @@ LINEAGE = {
     "evidence": pl.String,
     "changes": pl.String,  # JSON: hparam changes of a recovery, else null
 }
-DERIVED_TABLES = {"lineage": LINEAGE}
+# Per run, canonical metric and pair of sources logging it: do they agree (see ingest.agreement)?
+AGREEMENT = {
+    "run_id": pl.String,
+    "metric": pl.String,
+    "source_a": pl.String,
+    "tag_a": pl.String,
+    "path_a": pl.String,
+    "source_b": pl.String,
+    "tag_b": pl.String,
+    "path_b": pl.String,
+    "step_scale": pl.Int64,  # b's step = a's step x scale + offset (negative: a's step / -scale)
+    "step_offset": pl.Int64,
+    "common_steps": pl.Int64,
+    "agree": pl.Float64,  # share of the common steps whose values agree
+    "verdict": pl.String,  # ok | offset | scaled | disagree | few
+}
+DERIVED_TABLES = {"lineage": LINEAGE, "agreement": AGREEMENT}
 
 META_TABLES = {
     "files": FILES,

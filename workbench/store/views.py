@@ -117,15 +117,43 @@ def view_statements(root: Path, gen: Path) -> list[str]:
            FROM _files f LEFT JOIN _file_order fo USING (path)""",
         "CREATE OR REPLACE VIEW events AS SELECT run_id, step, wall_time, kind, message, attrs, "
         'path AS source_file, "offset" FROM _events',
-        "CREATE OR REPLACE VIEW problems AS SELECT * FROM _problems",
+        "CREATE OR REPLACE VIEW agreement AS SELECT * FROM _agreement",
+        # a problem stays with its file: a disagreement is reported on the less trusted source's file
+        """CREATE OR REPLACE VIEW problems AS
+           SELECT * FROM _problems
+           UNION ALL
+           SELECT path_b AS path, run_id, NULL::BIGINT AS "offset", 'sources_disagree' AS kind,
+                  metric || ': ' || source_a || ' `' || tag_a || '` and ' || source_b || ' `' || tag_b || '` '
+                  || CASE verdict
+                       WHEN 'offset' THEN 'agree only with ' || source_b || ' shifted by ' || step_offset::VARCHAR || ' step(s)'
+                       WHEN 'scaled' THEN 'agree only with one step axis ' || abs(step_scale)::VARCHAR
+                                          || ' times the other (samples instead of steps?)'
+                       ELSE 'agree at ' || round(100 * agree, 1)::VARCHAR || ' % of ' || common_steps::VARCHAR || ' common steps'
+                     END AS message
+           FROM _agreement WHERE verdict IN ('offset', 'scaled', 'disagree')""",
         "CREATE OR REPLACE VIEW alerts AS SELECT * FROM _alerts",
         "CREATE OR REPLACE VIEW checkpoints AS SELECT run_id, step, path, kind, to_timestamp(wall_time) AS wall_time, "
         "size, files, metadata, sha256 FROM _checkpoints",
+        # per run and canonical metric: the values that turned NaN/Inf after a finite one and
+        # stayed so to the end (the last loss; 3+ values of any other metric)
+        """CREATE OR REPLACE VIEW _nonfinite_tails AS
+           WITH pts AS (SELECT p.run_id, m.metric, p.step, p.value FROM _parts p JOIN _tag_metric m USING (tag)
+                        WHERE m.metric IS NOT NULL AND NOT p.local_superseded),
+                last_finite AS (SELECT run_id, metric, max(step) FILTER (WHERE isfinite(value)) AS step
+                                FROM pts GROUP BY ALL)
+           SELECT pts.run_id, pts.metric, min(pts.step) AS from_step, count(*) AS n,
+                  arg_min(pts.value, pts.step)::VARCHAR AS value
+           FROM pts JOIN last_finite lf USING (run_id, metric)
+           WHERE lf.step IS NOT NULL AND pts.step > lf.step
+           GROUP BY ALL HAVING count(*) >= 3 OR pts.metric = 'loss'""",
         f"CREATE OR REPLACE VIEW _run_status AS {run_status_sql()}",
         # manual labels win (the CLI over labels.toml); evidence gives auto labels to the rest
         """CREATE OR REPLACE VIEW _auto_labels AS
-           WITH nf AS (SELECT p.run_id, min(p.step) AS onset FROM _parts p JOIN _tag_metric m USING (tag)
-                       WHERE m.metric = 'loss' AND NOT isfinite(p.value) GROUP BY p.run_id),
+           WITH nf AS (SELECT run_id, min(onset) AS onset FROM (
+                           SELECT p.run_id, min(p.step) AS onset FROM _parts p JOIN _tag_metric m USING (tag)
+                           WHERE m.metric = 'loss' AND NOT isfinite(p.value) GROUP BY p.run_id
+                           UNION ALL SELECT run_id, min(from_step) FROM _nonfinite_tails GROUP BY run_id)
+                       GROUP BY run_id),
                 ev AS (SELECT run_id, failure AS kind, min(step) AS onset FROM _evidence
                        WHERE failure IS NOT NULL GROUP BY ALL)
            SELECT run_id, 'failed' AS outcome, onset, kind FROM (
@@ -168,51 +196,63 @@ def view_statements(root: Path, gen: Path) -> list[str]:
                LEFT JOIN _runs_base rb ON rb.run_id = l.child_run
                WHERE l.child_run <> l.parent_run AND (lb.outcome = 'healthy' OR rb.status = 'completed')
                GROUP BY 1)
+           , agreement AS (
+               SELECT run_id, CASE WHEN count(*) FILTER (WHERE verdict IN ('offset', 'scaled', 'disagree')) = 0
+                                   THEN 'ok (' || count(*) FILTER (WHERE verdict = 'ok')::VARCHAR || ' pairs agree)'
+                                   ELSE string_agg(metric || ' ' || source_a || '/' || source_b || ': ' || verdict, '; '
+                                                   ORDER BY metric, source_a, source_b)
+                                            FILTER (WHERE verdict IN ('offset', 'scaled', 'disagree')) END AS consistency
+               FROM _agreement WHERE verdict <> 'few' GROUP BY run_id)
            SELECT rb.* REPLACE (
                       CASE WHEN cont.run_id IS NOT NULL AND rb.status <> 'completed' THEN 'recovered' ELSE rb.status END AS status,
                       CASE WHEN cont.run_id IS NOT NULL AND rb.status <> 'completed'
                            THEN 'continued by ' || cont.recovered_by || ', which ended healthy; ' || rb.evidence
                            ELSE rb.evidence END AS evidence),
-                  cont.recovered_by
-           FROM _runs_base rb LEFT JOIN cont USING (run_id)""",
+                  cont.recovered_by, agreement.consistency
+           FROM _runs_base rb LEFT JOIN cont USING (run_id) LEFT JOIN agreement USING (run_id)""",
     ]
     return stmts
 
 
 def run_status_sql() -> str:
-    """Status inferred from evidence, strongest first, with the evidence in words.
+    """Status inferred from evidence in the logs, strongest first, with the evidence in words.
 
-    diverged: evidence of divergence (DeepSpeed's minimum-loss-scale exit), or the last loss is
-    NaN/Inf. crashed, completed: the readers' end-of-run evidence (a traceback, an MLflow or
-    hparams status, HF Trainer's final summary). running: evidence, or a log written in the
-    last 5 minutes. incomplete evidence (stopped before its planned end) reads as crashed.
+    diverged: evidence of divergence (DeepSpeed's minimum-loss-scale exit), or a canonical metric
+    that turned NaN/Inf and stayed so to the end (the last loss; any other metric for its last 3+
+    logged values after a finite one: HF's NaN filter hides a diverged loss but not its
+    grad_norm). crashed, completed: the readers' end-of-run evidence (a traceback, an MLflow or
+    hparams status, HF Trainer's final summary, a launcher's clean exit). `running?`: no end
+    evidence and the run's last record was written in the last 10 minutes (by its own
+    timestamps: file times mean nothing after a copy). incomplete evidence (stopped before its
+    planned end) reads as crashed. Otherwise unknown.
     """
     order = " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(schema.STATUS_EVIDENCE))
     return f"""
-        WITH f AS (SELECT run_id, max(mtime_ns) AS last_write FROM _files WHERE format IS NOT NULL GROUP BY run_id),
+        WITH f AS (SELECT run_id, max(last_wall_time) AS last_record FROM _files WHERE format IS NOT NULL GROUP BY run_id),
         ev AS (SELECT run_id, status, message FROM _evidence
                QUALIFY row_number() OVER (PARTITION BY run_id
                                           ORDER BY CASE status {order} END, step DESC NULLS LAST, path) = 1),
-        loss AS (SELECT run_id, arg_max(value, step) AS last_loss, max(step) AS last_loss_step
-                 FROM _parts p JOIN _tag_metric m USING (tag)
-                 WHERE m.metric = 'loss' AND NOT p.local_superseded GROUP BY run_id),
+        nonfinite AS (SELECT run_id, metric || ' is ' || value || ' from step ' || from_step::VARCHAR
+                             || ' to the end (' || n::VARCHAR || ' logged values)' AS message
+                      FROM _nonfinite_tails
+                      QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY from_step, metric) = 1),
         facts AS (
-            SELECT f.run_id, f.last_write > epoch_ns(now()) - 300e9 AS recent,
-                   ev.status AS ev_status, ev.message AS ev_message, loss.last_loss, loss.last_loss_step
-            FROM f LEFT JOIN ev USING (run_id) LEFT JOIN loss USING (run_id))
+            SELECT f.run_id, epoch(now()) - f.last_record AS age_s,
+                   ev.status AS ev_status, ev.message AS ev_message, nonfinite.message AS nf_message
+            FROM f LEFT JOIN ev USING (run_id) LEFT JOIN nonfinite USING (run_id))
         SELECT run_id,
           CASE
-            WHEN ev_status = 'diverged' OR NOT isfinite(last_loss) THEN 'diverged'
+            WHEN ev_status = 'diverged' OR nf_message IS NOT NULL THEN 'diverged'
             WHEN ev_status IN ('crashed', 'completed') THEN ev_status
-            WHEN recent OR ev_status = 'running' THEN 'running'
+            WHEN age_s < 600 THEN 'running?'
             WHEN ev_status = 'incomplete' THEN 'crashed'
             ELSE 'unknown' END AS status,
           CASE
             WHEN ev_status = 'diverged' THEN ev_message
-            WHEN NOT isfinite(last_loss) THEN 'last loss is ' || last_loss::VARCHAR || ' at step ' || last_loss_step::VARCHAR
+            WHEN nf_message IS NOT NULL THEN nf_message
             WHEN ev_status IN ('crashed', 'completed') THEN ev_message
-            WHEN recent THEN 'a log file was written in the last 5 minutes'
-            WHEN ev_status IN ('running', 'incomplete') THEN ev_message
+            WHEN age_s < 600 THEN 'no end-of-run evidence yet; last record ' || round(age_s / 60)::BIGINT::VARCHAR || ' min ago'
+            WHEN ev_status = 'incomplete' THEN ev_message
             ELSE 'no end-of-run evidence in the logs' END AS evidence
         FROM facts
     """

@@ -22,8 +22,10 @@ from workbench.store.points import Points, order_and_supersede
 from workbench.store.views import view_statements
 
 CLI_LABEL_ORIGIN = "workbench label"
-# a table computed from the whole generation before it is published (lineage)
-Derive = Callable[[duckdb.DuckDBPyConnection], pl.DataFrame]
+# a table computed from a generation before it is published (lineage, source agreement), given
+# the views of the new generation, the table's rows in the previous one and the runs whose
+# files changed in this commit
+Derive = Callable[[duckdb.DuckDBPyConnection, pl.DataFrame, set[str]], pl.DataFrame]
 
 
 def _deep_merge(base: dict, new: dict) -> dict:
@@ -45,6 +47,7 @@ class StoreWriter:
         self.tables = {t: layout.read_meta(t, gen) for t in schema.META_TABLES}
         self.next_chunk_id = int(self.tables["chunks"]["chunk_id"].max() or 0) + 1
         self._new: dict[str, list[pl.DataFrame]] = {t: [] for t in schema.META_TABLES}
+        self.changed_runs: set[str] = set()  # runs whose files were read, dropped or rewritten
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet")
         self._pending: list = []
         self._collect_garbage()
@@ -52,6 +55,7 @@ class StoreWriter:
     # Everything is keyed by source path: a rewritten or moved file is dropped whole, then re-read.
     def drop_file(self, path: str) -> None:
         self._flush_parts()
+        self.changed_runs.update(self.table("files").filter(pl.col("path") == path)["run_id"].to_list())
         for t in ("files", "chunks", "problems", "evidence"):
             df = self.tables[t]
             old = df.filter(pl.col("path") == path)
@@ -186,6 +190,7 @@ class StoreWriter:
 
     def set_file(self, row: dict) -> None:
         """Insert or replace a file's manifest row."""
+        self.changed_runs.add(row["run_id"])
         self._replace("files", pl.col("path") != row["path"], [row])
 
     def set_alerts(self, rule_ids: list[str], runs: list[str], alerts: pl.DataFrame) -> None:
@@ -265,28 +270,29 @@ class StoreWriter:
             self.tables[t] = self.table(t)
             self._new[t] = []
         self.previous = final
+        self.changed_runs = set()
         self._write_catalog(final)
         return final
 
     def _derive(self, gen: Path, derive: dict[str, Derive]) -> None:
-        for table in schema.DERIVED_TABLES:
-            out = gen / f"{table}.parquet"
-            if table in derive:
-                con = duckdb.connect(":memory:")
-                try:
-                    for stmt in view_statements(self.root, gen):
-                        con.execute(stmt)
-                    frame = derive[table](con)
-                finally:
-                    con.close()
-                schema.conform(frame, schema.DERIVED_TABLES[table], table).write_parquet(
-                    out, compression="zstd"
-                )
-            elif self.previous is not None and (self.previous / f"{table}.parquet").exists():
-                shutil.copyfile(self.previous / f"{table}.parquet", out)
-            else:
-                continue
-            layout.fsync_file(out)
+        con = duckdb.connect(":memory:")
+        try:
+            for stmt in view_statements(self.root, gen):
+                con.execute(stmt)
+            for table, sch in schema.DERIVED_TABLES.items():
+                out = gen / f"{table}.parquet"
+                previous = self.previous / f"{table}.parquet" if self.previous is not None else None
+                if table in derive:
+                    before = layout.read_derived(table, self.previous)
+                    frame = derive[table](con, before, self.changed_runs)
+                    schema.conform(frame, sch, table).write_parquet(out, compression="zstd")
+                elif previous is not None and previous.exists():
+                    shutil.copyfile(previous, out)
+                else:
+                    continue
+                layout.fsync_file(out)
+        finally:
+            con.close()
 
     def _write_catalog(self, gen: Path) -> None:
         """A DuckDB file with the same views, for people who open the store with the duckdb CLI."""

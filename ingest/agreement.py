@@ -1,0 +1,115 @@
+"""Cross-source agreement: when two sources of a run log the same canonical metric (TensorBoard
+and the console, trainer_state and JSONL, a monitor CSV and the engine's own lines), do they say
+the same thing at the same step?
+
+For each run, canonical metric and pair of sources (each source represented by its tag for the
+metric with the most points), the alignment `b_step = a_step * scale + offset` that makes the
+most common steps agree is found among: the identity, off by one either way, and the ratio of
+their step ranges (an x axis in samples instead of steps). Values agree when they are equal to
+1e-3 relative (console text prints 4 significant digits; TensorBoard keeps float32) or both
+non-finite. The verdict: `ok` (the identity, >= 99 % agree), `offset`/`scaled` (another alignment
+agrees: one reader puts the points on the wrong step), `disagree` (nothing agrees >= 99 %), or
+`few` (fewer than 3 common steps: no verdict). Anything but ok and few is a problem that names
+both sources: it is how a user learns that a reader is wrong on their logs. Derived series
+(`derived/...`, rebuilt from notices whose step is only known to the next printed step) are not
+compared.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from workbench.store.schema import AGREEMENT
+
+RTOL = 1e-3
+AGREE = 0.99
+MIN_COMMON = 3
+
+
+def build(con: duckdb.DuckDBPyConnection, previous: pl.DataFrame, changed: set[str]) -> pl.DataFrame:
+    """Agreement rows for the runs whose files changed; the other runs keep their rows (a
+    `derive` hook of the store's commit)."""
+    keep = previous.filter(~pl.col("run_id").is_in(sorted(changed)))
+    if not changed:
+        return keep
+    pts = con.sql(
+        """WITH cur AS (SELECT run_id, metric, source, tag, step, value, source_file
+                        FROM _points WHERE NOT superseded AND metric IS NOT NULL AND list_contains(?, run_id)
+                        AND NOT starts_with(tag, 'derived/')),
+                best AS (SELECT run_id, metric, source, arg_max(tag, n) AS tag FROM (
+                             SELECT run_id, metric, source, tag, count(*) AS n FROM cur GROUP BY ALL)
+                         GROUP BY ALL),
+                multi AS (SELECT run_id, metric FROM best GROUP BY ALL HAVING count(*) > 1)
+           SELECT cur.run_id, cur.metric, cur.source, cur.tag, cur.step, cur.value, cur.source_file
+           FROM cur SEMI JOIN multi USING (run_id, metric) SEMI JOIN best USING (run_id, metric, source, tag)
+           ORDER BY ALL""",
+        params=[sorted(changed)],
+    ).pl()
+    rows = []
+    for (run, metric), g in pts.group_by("run_id", "metric", maintain_order=True):
+        series = {
+            src: (s["tag"][0], _main_file(s), s["step"].to_numpy(), s["value"].to_numpy())
+            for (src,), s in g.group_by("source", maintain_order=True)
+        }
+        names = sorted(series)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                rows.append({"run_id": run, "metric": metric, **compare(a, series[a], b, series[b])})
+    new = pl.DataFrame(rows, schema=AGREEMENT) if rows else pl.DataFrame(schema=AGREEMENT)
+    return pl.concat([keep, new]).sort("run_id", "metric", "source_a", "source_b")
+
+
+def _main_file(s: pl.DataFrame) -> str:
+    return (
+        s.group_by("source_file").len().sort("len", "source_file", descending=[True, False])["source_file"][0]
+    )
+
+
+def compare(a: str, series_a: tuple, b: str, series_b: tuple) -> dict:
+    """The verdict on one pair of sources of one metric (series: tag, file, steps, values)."""
+    tag_a, file_a, sa, va = series_a
+    tag_b, file_b, sb, vb = series_b
+    candidates = [(1, 0), (1, -1), (1, 1)]
+    if len(sa) and len(sb) and sa.max() > 0 and sb.max() > 0:
+        ratio = sb.max() / sa.max()
+        for k in (round(ratio), round(1 / ratio)):
+            if k > 1:  # b counts k times finer (samples) or coarser than a
+                candidates.append((k, 0) if ratio > 1 else (-k, 0))
+    scored = [(cand, *_agreement(sa, va, sb, vb, *cand)) for cand in candidates]
+    (scale, offset), common, agree = max(scored, key=lambda x: (x[2] if x[1] >= MIN_COMMON else -1, x[1]))
+    ident_common, ident_agree = scored[0][1], scored[0][2]
+    if max(common, ident_common) < MIN_COMMON:
+        verdict = "few"
+    elif ident_common >= MIN_COMMON and ident_agree >= AGREE:
+        verdict, scale, offset, common, agree = "ok", 1, 0, ident_common, ident_agree
+    elif agree >= AGREE:
+        verdict = "scaled" if scale != 1 else "offset"
+    else:
+        verdict = "disagree"
+    return {
+        "source_a": a,
+        "tag_a": tag_a,
+        "path_a": file_a,
+        "source_b": b,
+        "tag_b": tag_b,
+        "path_b": file_b,
+        "step_scale": scale,
+        "step_offset": offset,
+        "common_steps": common,
+        "agree": round(agree, 4),
+        "verdict": verdict,
+    }
+
+
+def _agreement(sa, va, sb, vb, scale: int, offset: int) -> tuple[int, float]:
+    """(common steps, share of them whose values agree) when a's step s is b's step s*scale+offset
+    (a negative scale: a's step s is b's step s // -scale, i.e. a is the finer axis)."""
+    mapped = sa * scale + offset if scale > 0 else np.where(sa % -scale == 0, sa // -scale, -(2**62))
+    both, ia, ib = np.intersect1d(mapped, sb, return_indices=True)
+    if not len(both):
+        return 0, 0.0
+    x, y = va[ia], vb[ib]
+    close = np.isclose(x, y, rtol=RTOL, atol=1e-12) | (~np.isfinite(x) & ~np.isfinite(y))
+    return len(both), float(close.mean())
