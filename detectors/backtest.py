@@ -4,18 +4,26 @@ Per rule and per point of its sweep, over the labelled runs where it could be ev
 (`unknown` runs are left out and counted):
 - trigger_rate_failed: failed runs with an alarm after warm-up and no later than onset + horizon
   (a very early alarm still counts: vanishing gradients can start at step 0);
-  trigger_rate_healthy: healthy runs with any alarm after warm-up.
+  trigger_rate_healthy: healthy runs with any alarm after warm-up; separation: their difference,
+  with a one-sided Fisher exact p (separation_p); evaluable_failed/healthy: the runs behind them.
 - recall: failed runs with an alarm inside [onset - lead, onset + horizon].
 - precision: detected failed runs / (detected + healthy runs with an alarm + failed runs whose
   only alarms came before onset - lead).
 - false_alarms_per_1k: alarms per 1000 logged steps (the steps of the run's most-logged series)
-  on negative stretches (healthy runs, and failed runs before onset - lead).
+  on negative stretches (healthy runs, and failed runs before onset - lead);
+  false_alarms_per_1k_healthy: on healthy runs only.
 - lead time: onset - the first alarm in the recall window (positive = early): median, mean, std.
 - first trigger: the first alarm step on failed runs: mean, std; never_fired counts the rest.
-- 95 % intervals by bootstrap over runs (steps within a run are not independent).
+- 95 % intervals by bootstrap over runs (steps within a run are not independent) of recall,
+  precision, both trigger rates and the separation.
 - recovery outcomes: of the restarts (lineage) of runs in which the rule fired before the restart
   was triggered, how many continuations ended healthy.
-An alarm is an alert's step_fired. Undefined values are null, never NaN. No point-adjusted F1.
+- default: the point is the rule's own parameters (the one the kind matrix, the ensemble and
+  the summary use).
+Beyond the rules: per failure kind, the ensemble and the summary (detectors.kinds), the
+cross-validated tuning (detectors.tuning, with `tune`), the predictors and evaluation
+schedules (detectors.predictors). An alarm is an alert's step_fired. Undefined values are null,
+never NaN. No point-adjusted F1.
 """
 
 from __future__ import annotations

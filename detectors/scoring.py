@@ -189,8 +189,6 @@ def _count(steps: np.ndarray, lo: int, hi: int | None) -> int:
 
 def metrics(outs: list[Outcome]) -> dict:
     """Trigger rates, recall, precision, false alarms, lead and first-trigger statistics."""
-    from scipy.stats import fisher_exact
-
     f = [o for o in outs if o.failed]
     h = [o for o in outs if not o.failed]
     tp = sum(o.detected for o in f)
@@ -204,7 +202,7 @@ def metrics(outs: list[Outcome]) -> dict:
     tr_h = trig_h / len(h) if h else None
     p = None
     if f and h:  # one-sided: does the rule fire more often on failed runs than on healthy ones?
-        p = fisher_exact([[trig_f, len(f) - trig_f], [trig_h, len(h) - trig_h]], alternative="greater")[1]
+        p = fisher_greater(trig_f, len(f), trig_h, len(h))
     return {
         "evaluable_failed": len(f),
         "evaluable_healthy": len(h),
@@ -227,6 +225,17 @@ def metrics(outs: list[Outcome]) -> dict:
         "first_trigger_std": json_num(np.std(firsts, ddof=1)) if len(firsts) > 1 else None,
         "never_fired": sum(1 for o in f if o.first is None),
     }
+
+
+def fisher_greater(fired_f: int, n_f: int, fired_h: int, n_h: int) -> float:
+    """One-sided Fisher exact test: the probability, with the trigger counts' margins fixed, of
+    at least `fired_f` of the failed runs firing (hypergeometric upper tail)."""
+    fired, n = fired_f + fired_h, n_f + n_h
+    total = math.comb(n, n_f)
+    return (
+        sum(math.comb(fired, x) * math.comb(n - fired, n_f - x) for x in range(fired_f, min(fired, n_f) + 1))
+        / total
+    )
 
 
 def intervals(outs: list[Outcome], settings: Settings) -> dict:

@@ -3,7 +3,8 @@ runs it was not picked on.
 
 - The pick: among a rule's sweep points, the one with the highest recall whose false alarms per
   1k steps stay within the budget (ties: fewer false alarms, then the larger separation of
-  trigger rates); when none fits, the point with the fewest false alarms.
+  trigger rates, then the shipped default); when none fits, the point with the fewest false
+  alarms.
 - In-sample: the pick made on the tuning runs, scored on the same runs (what a plain sweep shows).
 - Cross-validated: the tuning runs are split into groups (runs joined by lineage, a resume or a
   restart of one another, are one group, so that a run's continuation never grades its pick);
@@ -86,36 +87,43 @@ def _scores(outs: dict[str, Outcome], subset) -> dict:
 
 
 class _Counts:
-    """One sweep point's outcomes on the tuning runs as count vectors, so that the score of
-    any subset of runs (all but one fold) is a masked sum, not a pass over Outcome objects."""
+    """A rule's sweep points x the tuning runs as count matrices, so that every point's score on
+    any subset of runs (all but one fold) is one masked sum, not a pass over Outcome objects."""
 
-    def __init__(self, outs: dict[str, Outcome], runs: list[str]):
-        o = [outs.get(r) for r in runs]
-        self.ok = np.array([x is not None for x in o])
-        self.failed = np.array([x is not None and x.failed for x in o])
+    def __init__(self, points: list[dict[str, Outcome]], runs: list[str]):
+        o = [[p.get(r) for r in runs] for p in points]
+
+        def grid(f, dtype=bool):
+            return np.array([[f(x) if x is not None else 0 for x in row] for row in o], dtype=dtype)
+
+        self.ok = grid(lambda x: True)
+        self.failed = grid(lambda x: x.failed)
         self.healthy = self.ok & ~self.failed
-        self.detected = np.array([x is not None and x.detected for x in o])
-        self.triggered = np.array([x is not None and x.triggered for x in o])
-        self.alarms = np.array([x.neg_alarms if x else 0 for x in o], dtype=float)
-        self.steps = np.array([x.neg_steps if x else 0 for x in o], dtype=float)
+        self.detected = grid(lambda x: x.detected)
+        self.triggered = grid(lambda x: x.triggered)
+        self.alarms = grid(lambda x: x.neg_alarms, float)
+        self.steps = grid(lambda x: x.neg_steps, float)
 
-    def key(self, mask: np.ndarray, budget: float, is_default: bool) -> tuple:
-        """(fits the budget, recall, -false alarms per 1k, separation, is the default)."""
-        f, h = self.failed & mask, self.healthy & mask
-        steps = self.steps[mask & self.ok].sum()
-        fa = 1000 * self.alarms[mask & self.ok].sum() / steps if steps else 0.0
-        recall = self.detected[f].mean() if f.any() else 0.0
-        sep = self.triggered[f].mean() - self.triggered[h].mean() if f.any() and h.any() else -1.0
-        return (fa <= budget, recall, -fa, sep, is_default)
+    def keys(self, mask: np.ndarray, budget: float, default: int | None) -> list[tuple]:
+        """Per point: (fits the budget, recall, -false alarms per 1k, separation, is the default)."""
+        f, h, ok = self.failed & mask, self.healthy & mask, self.ok & mask
+        steps, alarms = (self.steps * ok).sum(1), (self.alarms * ok).sum(1)
+        fa = np.divide(1000 * alarms, steps, out=np.zeros_like(steps), where=steps > 0)
+        nf, nh = f.sum(1), h.sum(1)
+        recall = np.divide((self.detected & f).sum(1), nf, out=np.zeros(len(nf)), where=nf > 0)
+        tf = np.divide((self.triggered & f).sum(1), nf, out=np.zeros(len(nf)), where=nf > 0)
+        th = np.divide((self.triggered & h).sum(1), nh, out=np.zeros(len(nh)), where=nh > 0)
+        sep = np.where((nf > 0) & (nh > 0), tf - th, -1.0)
+        return [(fa[i] <= budget, recall[i], -fa[i], sep[i], i == default) for i in range(len(fa))]
 
 
-def pick(points: list[_Counts], mask: np.ndarray, budget: float, default: int | None = None) -> int:
+def pick(counts: _Counts, mask: np.ndarray, budget: float, default: int | None = None) -> int:
     """Index of the point picked on the runs in `mask` (see the module docstring); on a tie the
     default; when nothing fits the budget, the quietest point."""
-    keys = [p.key(mask, budget, i == default) for i, p in enumerate(points)]
+    keys = counts.keys(mask, budget, default)
     if not any(k[0] for k in keys):
-        return max(range(len(points)), key=lambda i: (keys[i][2], keys[i][1], keys[i][4]))
-    return max(range(len(points)), key=lambda i: keys[i])
+        return max(range(len(keys)), key=lambda i: (keys[i][2], keys[i][1], keys[i][4]))
+    return max(range(len(keys)), key=lambda i: keys[i])
 
 
 def tune_rule(
@@ -128,7 +136,7 @@ def tune_rule(
     """One rule's tuning report; rule_points are (point, outcomes per run, is the default)."""
     outs = [o for _, o, _ in rule_points]
     default = next((i for i, (_, _, d) in enumerate(rule_points) if d), None)
-    counts = [_Counts(o, tuning_runs) for o in outs]
+    counts = _Counts(outs, tuning_runs)
     chosen = pick(counts, np.ones(len(tuning_runs), bool), budget, default)
     fold_picks = []
     cv: dict[str, Outcome] = {}

@@ -16,13 +16,15 @@ import numpy as np
 import polars as pl
 import pytest
 from conftest import ingest_paths
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from detectors.backtest import RULE_FIELDS, RunInfo, Settings, backtest, best_under_budget, frontier, score
 from detectors.engine import ALERT_SCHEMA
-from detectors.kinds import SUMMARY_FIELDS, ensemble, kind_rows, merge_alarms, summary_rows
+from detectors.kinds import KIND_FIELDS, SUMMARY_FIELDS, ensemble, kind_rows, merge_alarms, summary_rows
 from detectors.predictors import EPS, W, fit_curve, forecast_plateau, schedule_scores
 from detectors.rules import Rule
-from detectors.scoring import outcomes
+from detectors.scoring import fisher_greater, outcomes
 from detectors.tuning import TUNE_FIELDS, _Counts, folds_of, pick, run_groups, tune_rule
 from workbench.store import Store
 
@@ -264,7 +266,7 @@ def test_kind_matrix_rows_on_known_alarms():
     rs = kinded()
     outs = outcomes({"s1": [100], "c1": [400], "h2": [10, 90]}, list(rs), rs, Settings(horizon=20, lead=30))
     rows = {r["kind"]: r for r in kind_rows("t", "{}", outs, rs)}
-    assert list(rows) == ["collapse", "loss_spike", "healthy"]
+    assert list(rows) == ["collapse", "loss_spike", "healthy"] and list(rows["healthy"]) == KIND_FIELDS
     assert (
         rows["loss_spike"]["detected"],
         rows["loss_spike"]["evaluable"],
@@ -365,12 +367,11 @@ def test_pick_prefers_the_default_on_a_tie_and_the_quietest_point_when_nothing_f
     }
     st = Settings(horizon=20, lead=30)
     same = [outcomes({"f": [100]}, list(rs), rs, st) for _ in range(3)]
-    counts = [_Counts(o, ["f", "h"]) for o in same]
-    assert pick(counts, np.ones(2, bool), 0.0, default=2) == 2
+    assert pick(_Counts(same, ["f", "h"]), np.ones(2, bool), 0.0, default=2) == 2
     noisy = [
         outcomes({"f": [100], "h": list(range(0, 200, 10 * (i + 1)))}, list(rs), rs, st) for i in range(3)
     ]
-    assert pick([_Counts(o, ["f", "h"]) for o in noisy], np.ones(2, bool), 0.0) == 2
+    assert pick(_Counts(noisy, ["f", "h"]), np.ones(2, bool), 0.0) == 2
 
 
 def test_backtest_tune_scores_builtin_grids_by_cross_validation(sample_store):
@@ -516,3 +517,13 @@ def test_cli_summary_and_tune(sample_store, tmp_path):
         text=True,
     )
     assert bad.returncode != 0 and "--tune" in bad.stderr
+
+
+@settings(deadline=None, max_examples=80)
+@given(hst.integers(1, 30), hst.integers(1, 30), hst.data())
+def test_fisher_exact_upper_tail_matches_scipy(n_f, n_h, data):
+    from scipy.stats import fisher_exact
+
+    a, c = data.draw(hst.integers(0, n_f)), data.draw(hst.integers(0, n_h))
+    p = fisher_exact([[a, n_f - a], [c, n_h - c]], alternative="greater")[1]
+    assert fisher_greater(a, n_f, c, n_h) == pytest.approx(p, rel=1e-9, abs=1e-12)

@@ -285,11 +285,12 @@ def test_lr_warmup_end_is_the_first_lr_not_above_the_largest_before():
             "warm": {"lr": [0.1, 0.2, 0.3, 0.3, 0.2]},  # linear warm-up to step 2, then flat
             "flat": {"lr": [1.0, 1.0, 1.0]},
             "rising": {"lr": [1, 2, 3]},  # never done warming up
+            "once": {"lr": [(5, 3e-4)]},  # a constant, logged once
             "no_lr": {"loss": [1, 2]},
         }
     )
     ends = {d.run_name[rid]: end for rid, end in B.lr_warmup_end(d).iter_rows()}
-    assert ends == {"warm": 3, "flat": 1, "rising": None}
+    assert ends == {"warm": 3, "flat": 1, "rising": None, "once": 5}
 
 
 def test_sigma_rules_wait_for_the_window_and_the_lr_warmup():
