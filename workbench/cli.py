@@ -339,7 +339,7 @@ def replay(rules_file, runs_glob, store):
     default=None,
     type=click.Path(path_type=Path),
     metavar="DIR",
-    help="Also write backtest.json and CSV/Parquet tables (rules, kinds, summary, predictors, ...) there.",
+    help="Also write backtest.json, rules.csv and rules.parquet, and the other tables as CSV there.",
 )
 @_store_option
 @_format_option
