@@ -4,94 +4,62 @@ Per rule and per point of its sweep, over the labelled runs where it could be ev
 (`unknown` runs are left out and counted):
 - trigger_rate_failed: failed runs with an alarm after warm-up and no later than onset + horizon
   (a very early alarm still counts: vanishing gradients can start at step 0);
-  trigger_rate_healthy: healthy runs with any alarm after warm-up.
+  trigger_rate_healthy: healthy runs with any alarm after warm-up; separation: their difference,
+  with a one-sided Fisher exact p (separation_p); evaluable_failed/healthy: the runs behind them.
 - recall: failed runs with an alarm inside [onset - lead, onset + horizon].
 - precision: detected failed runs / (detected + healthy runs with an alarm + failed runs whose
   only alarms came before onset - lead).
 - false_alarms_per_1k: alarms per 1000 logged steps (the steps of the run's most-logged series)
-  on negative stretches (healthy runs, and failed runs before onset - lead).
+  on negative stretches (healthy runs, and failed runs before onset - lead);
+  false_alarms_per_1k_healthy: on healthy runs only.
 - lead time: onset - the first alarm in the recall window (positive = early): median, mean, std.
 - first trigger: the first alarm step on failed runs: mean, std; never_fired counts the rest.
-- 95 % intervals by bootstrap over runs (steps within a run are not independent).
+- 95 % intervals by bootstrap over runs (steps within a run are not independent) of recall,
+  precision, both trigger rates and the separation.
 - recovery outcomes: of the restarts (lineage) of runs in which the rule fired before the restart
   was triggered, how many continuations ended healthy.
-An alarm is an alert's step_fired. Undefined values are null, never NaN. No point-adjusted F1.
+- default: the point is the rule's own parameters (the one the kind matrix, the ensemble and
+  the summary use).
+Beyond the rules: per failure kind, the ensemble and the summary (detectors.kinds), the
+cross-validated tuning (detectors.tuning, with `tune`), the predictors and evaluation
+schedules (detectors.predictors). An alarm is an alert's step_fired. Undefined values are null,
+never NaN. No point-adjusted F1.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from detectors.engine import ReplayError
+from detectors.kinds import ensemble, kind_rows, summary_rows
 from detectors.predictors import PREDICTOR_RULES, evaluate_predictors
 from detectors.replay import batches, default_rules, replay_batches
 from detectors.rules import Rule
+from detectors.scoring import (  # noqa: F401 (the scoring API is used from here)
+    RULE_FIELDS,
+    Outcome,
+    RunInfo,
+    Settings,
+    alarms_by_run,
+    outcomes,
+    score,
+    score_outcomes,
+)
+from detectors.tuning import folds_of, run_groups, tune_rule
 from workbench.store import Store
-
-RULE_FIELDS = [
-    "rule",
-    "params",
-    "runs_failed",
-    "runs_healthy",
-    "runs_evaluable",
-    "trigger_rate_failed",
-    "trigger_rate_healthy",
-    "recall",
-    "precision",
-    "false_alarms_per_1k",
-    "lead_time_median",
-    "lead_time_mean",
-    "lead_time_std",
-    "first_trigger_mean",
-    "first_trigger_std",
-    "never_fired",
-    "recall_ci_low",
-    "recall_ci_high",
-    "precision_ci_low",
-    "precision_ci_high",
-    "recoveries_after_alarm",
-    "recoveries_healthy",
-    "description",
-]
-
-
-@dataclass
-class Settings:
-    horizon: int = 100  # an alarm up to onset + horizon still counts
-    lead: int = 500  # the earliest before onset an alarm counts as a detection
-    warmup: int = 0  # steps from each run's first step in which alarms are ignored
-    bootstrap: int = 1000
-    seed: int = 0
-
-
-@dataclass
-class RunInfo:
-    run_id: str
-    outcome: str
-    onset: int | None
-    first_step: int
-    steps: np.ndarray  # the run's distinct logged steps, sorted
-
-
-def _num(x) -> float | None:
-    """JSON-safe: None for NaN/inf/None."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
 
 
 def load_labels(store: Store, run_ids: list[str]) -> tuple[dict[str, RunInfo], int]:
     """Labelled runs of the selection (failed/healthy; steps filled in during replay) and the
     count of the rest (unknown or unlabelled)."""
     labels = {
-        r[0]: r for r in store.connect().execute("SELECT run_id, outcome, onset FROM labels").fetchall()
+        r[0]: r for r in store.connect().execute("SELECT run_id, outcome, onset, kind FROM labels").fetchall()
     }
     runs, unknown = {}, 0
     for run in run_ids:
@@ -99,7 +67,8 @@ def load_labels(store: Store, run_ids: list[str]) -> tuple[dict[str, RunInfo], i
         if lab is None or lab[1] not in ("failed", "healthy"):
             unknown += 1
             continue
-        runs[run] = RunInfo(run, lab[1], lab[2], 0, np.array([], dtype=np.int64))
+        kind = (lab[3] or "unspecified") if lab[1] == "failed" else None
+        runs[run] = RunInfo(run, lab[1], lab[2], 0, np.array([], dtype=np.int64), kind)
     return runs, unknown
 
 
@@ -117,162 +86,52 @@ def load_recoveries(store: Store) -> list[tuple[str, int | None, bool]]:
     )
 
 
-def score(
-    rule: Rule,
-    alerts: pl.DataFrame,
-    evaluable: list[str],
-    runs: dict[str, RunInfo],
-    settings: Settings,
-    recoveries: list[tuple] = (),
-) -> dict:
-    """All metrics of one rule at one parameter point."""
-    ev = [r for r in evaluable if r in runs]
-    failed = [r for r in ev if runs[r].outcome == "failed"]
-    healthy = [r for r in ev if runs[r].outcome == "healthy"]
-    fired = {}
-    for run, step in alerts.select("run_id", "step_fired").iter_rows():
-        if run in runs and step >= runs[run].first_step + settings.warmup:
-            fired.setdefault(run, []).append(step)
-    per_run = {}
-    for run in failed + healthy:
-        info, alarms = runs[run], sorted(fired.get(run, []))
-        if info.outcome == "healthy":
-            neg_alarms, neg_steps = len(alarms), _count(info.steps, info.first_step + settings.warmup, None)
-            per_run[run] = {
-                "trig": bool(alarms),
-                "tp": False,
-                "fp": bool(alarms),
-                "neg_alarms": neg_alarms,
-                "neg_steps": neg_steps,
-            }
-            continue
-        onset = info.onset
-        if onset is None:  # a failed run without an onset: any alarm detects it, no lead time
-            per_run[run] = {
-                "trig": bool(alarms),
-                "tp": bool(alarms),
-                "fp": False,
-                "neg_alarms": 0,
-                "neg_steps": 0,
-                "first": alarms[0] if alarms else None,
-            }
-            continue
-        in_window = [a for a in alarms if onset - settings.lead <= a <= onset + settings.horizon]
-        early = [a for a in alarms if a < onset - settings.lead]
-        per_run[run] = {
-            "trig": any(a <= onset + settings.horizon for a in alarms),
-            "tp": bool(in_window),
-            "fp": bool(early) and not in_window,
-            "lead": onset - in_window[0] if in_window else None,
-            "first": alarms[0] if alarms else None,
-            "neg_alarms": len(early),
-            "neg_steps": _count(info.steps, info.first_step + settings.warmup, onset - settings.lead),
-        }
-    out = {
-        "rule": rule.id,
-        "params": rule.params_json,
-        "runs_failed": sum(1 for r in runs.values() if r.outcome == "failed"),
-        "runs_healthy": sum(1 for r in runs.values() if r.outcome == "healthy"),
-        "runs_evaluable": len(failed) + len(healthy),
-        "description": " ".join((rule.description or "").split()),
-    }
-    out.update(_metrics(per_run, failed, healthy))
-    lo, hi = _bootstrap(per_run, failed, healthy, settings)
-    out.update(
-        recall_ci_low=lo.get("recall"),
-        recall_ci_high=hi.get("recall"),
-        precision_ci_low=lo.get("precision"),
-        precision_ci_high=hi.get("precision"),
-    )
-    # recovery outcomes: restarts that followed an alarm of this rule in the run they restarted
-    after = [
-        healthy
-        for parent, step, healthy in recoveries
-        if any(a <= (step if step is not None else a) for a in fired.get(parent, []))
-    ]
-    out.update(recoveries_after_alarm=len(after), recoveries_healthy=sum(after))
-    return {k: out.get(k) for k in RULE_FIELDS}
-
-
-def _count(steps: np.ndarray, lo: int, hi: int | None) -> int:
-    """Logged steps in [lo, hi)."""
-    a = np.searchsorted(steps, lo, "left")
-    b = len(steps) if hi is None else np.searchsorted(steps, hi, "left")
-    return int(max(0, b - a))
-
-
-def _metrics(per_run: dict, failed: list[str], healthy: list[str]) -> dict:
-    f = [per_run[r] for r in failed]
-    h = [per_run[r] for r in healthy]
-    tp = sum(x["tp"] for x in f)
-    fp = sum(x["fp"] for x in f) + sum(x["fp"] for x in h)
-    leads = [x["lead"] for x in f if x.get("lead") is not None]
-    firsts = [x["first"] for x in f if x.get("first") is not None]
-    neg_steps = sum(x["neg_steps"] for x in f + h)
-    return {
-        "trigger_rate_failed": _num(sum(x["trig"] for x in f) / len(f)) if f else None,
-        "trigger_rate_healthy": _num(sum(x["trig"] for x in h) / len(h)) if h else None,
-        "recall": _num(tp / len(f)) if f else None,
-        "precision": _num(tp / (tp + fp)) if tp + fp else None,
-        "false_alarms_per_1k": _num(1000 * sum(x["neg_alarms"] for x in f + h) / neg_steps)
-        if neg_steps
-        else None,
-        "lead_time_median": _num(np.median(leads)) if leads else None,
-        "lead_time_mean": _num(np.mean(leads)) if leads else None,
-        "lead_time_std": _num(np.std(leads, ddof=1)) if len(leads) > 1 else None,
-        "first_trigger_mean": _num(np.mean(firsts)) if firsts else None,
-        "first_trigger_std": _num(np.std(firsts, ddof=1)) if len(firsts) > 1 else None,
-        "never_fired": sum(1 for x in f if x.get("first") is None),
-    }
-
-
-def _bootstrap(per_run: dict, failed: list[str], healthy: list[str], settings: Settings) -> tuple[dict, dict]:
-    """95 % percentile intervals of recall and precision, resampling runs within each cohort."""
-    if not failed or settings.bootstrap <= 0:
-        return {}, {}
-    rng = np.random.default_rng(settings.seed)
-    rec, prec = [], []
-    for _ in range(settings.bootstrap):
-        f = list(rng.choice(failed, len(failed)))
-        h = list(rng.choice(healthy, len(healthy))) if healthy else []
-        keyed = {f"{i}:{r}": per_run[r] for i, r in enumerate(f + h)}
-        m = _metrics(
-            keyed, [f"{i}:{r}" for i, r in enumerate(f)], [f"{i + len(f)}:{r}" for i, r in enumerate(h)]
-        )
-        rec.append(m["recall"])
-        if m["precision"] is not None:
-            prec.append(m["precision"])
-    lo = {
-        "recall": _num(np.percentile(rec, 2.5)),
-        "precision": _num(np.percentile(prec, 2.5)) if prec else None,
-    }
-    hi = {
-        "recall": _num(np.percentile(rec, 97.5)),
-        "precision": _num(np.percentile(prec, 97.5)) if prec else None,
-    }
-    return lo, hi
-
-
 @dataclass
 class BacktestResult:
     rules: list[dict]
     predictors: list[dict]
     unknown_runs: int
     runs: int
+    kinds: list[dict] = field(default_factory=list)  # rule x failure kind (detectors.kinds)
+    ensemble: dict | None = None  # "any of these rules"
+    summary: list[dict] = field(default_factory=list)  # per rule at its own parameters
+    tuning: list[dict] = field(default_factory=list)  # with tune=True (detectors.tuning)
+    schedule: list[dict] = field(default_factory=list)  # dynamic evaluation schedules (predictors)
+
+    def to_dict(self) -> dict:
+        return {
+            "rules": self.rules,
+            "predictors": self.predictors,
+            "kinds": self.kinds,
+            "ensemble": self.ensemble,
+            "summary": self.summary,
+            "tuning": self.tuning,
+            "schedule": self.schedule,
+        }
 
     def to_json(self) -> str:
-        return json.dumps({"rules": self.rules, "predictors": self.predictors}, indent=2, sort_keys=False)
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
     def rules_frame(self) -> pl.DataFrame:
         return pl.DataFrame(self.rules, infer_schema_length=None)
 
     def write(self, out_dir: Path) -> None:
-        """backtest.json, rules.csv, rules.parquet and predictors.csv in `out_dir`."""
+        """backtest.json, rules.csv, rules.parquet, predictors.csv, kinds.csv, summary.csv (and
+        tuning.csv after tuning) in `out_dir`."""
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "backtest.json").write_text(self.to_json() + "\n")
         self.rules_frame().write_csv(out_dir / "rules.csv")
         self.rules_frame().write_parquet(out_dir / "rules.parquet")
-        pl.DataFrame(self.predictors, infer_schema_length=None).write_csv(out_dir / "predictors.csv")
+        for name in ("predictors", "kinds", "summary", "tuning", "schedule"):
+            if getattr(self, name):
+                table(getattr(self, name)).write_csv(out_dir / f"{name}.csv")
+
+
+def table(rows: list[dict]) -> pl.DataFrame:
+    """Report rows as a flat frame (list values joined by spaces), for CSV and Parquet."""
+    frame = pl.DataFrame(rows, infer_schema_length=None)
+    lists = [c for c, t in frame.schema.items() if isinstance(t, pl.List)]
+    return frame.with_columns(pl.col(c).list.join(" ") for c in lists)
 
 
 def backtest(
@@ -281,11 +140,20 @@ def backtest(
     runs_glob: str | None,
     settings: Settings | None = None,
     predictors: bool = True,
+    tune: bool = False,
+    budget: float = 1.0,
+    folds: int | None = None,
+    holdout_glob: str | None = None,
 ) -> BacktestResult:
-    """Replay every rule (and sweep point) and score it against the labels."""
+    """Replay every rule (and sweep point) and score it against the labels: per rule, per
+    failure kind, the ensemble of the rules at their own parameters, the summary; with `tune`,
+    each rule's pick within `budget` false alarms per 1k steps, cross-validated (`folds` None:
+    one fold per group of related runs) and scored on the `holdout_glob` runs kept out of it."""
     settings = settings or Settings()
     explicit = rules is not None
     rules = rules if explicit else default_rules()
+    if tune:  # built-ins carry a grid of their own
+        rules = [replace(r, sweep=r.detector.grid) if r.detector and not r.sweep else r for r in rules]
     groups = batches(store, runs_glob)
     if not groups:
         raise ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")
@@ -296,7 +164,7 @@ def backtest(
             "no labelled runs in the selection: add a labels.toml beside the runs "
             "(see the README) or use: workbench label RUN --outcome failed --onset STEP"
         )
-    points = [p for rule in rules for p in rule.sweep_points()]
+    points = [(p, p.params_json == rule.params_json, rule) for rule in rules for p in _points(rule)]
     extra = list(PREDICTOR_RULES.values()) if predictors else []  # replayed in the same pass
 
     def note_steps(data):  # logged steps per run, from the batch already in memory
@@ -305,21 +173,68 @@ def backtest(
                 runs[run].steps = steps
                 runs[run].first_step = int(steps[0]) if len(steps) else 0
 
-    done = replay_batches(store, points + extra, groups, on_batch=note_steps)
+    done = replay_batches(store, [p for p, _, _ in points] + extra, groups, on_batch=note_steps)
     recoveries = load_recoveries(store)
-    results = []
-    for p, d in zip(points, done, strict=False):
+    results, kinds, scored = [], [], []
+    for (p, default, parent), d in zip(points, done, strict=False):
         if d.error:
             if explicit:
                 raise ReplayError(d.error)
             continue
-        results.append(score(p, d.alerts, d.evaluable, runs, settings, recoveries))
-    preds = (
-        evaluate_predictors(store, runs, dict(zip(PREDICTOR_RULES, done[len(points) :], strict=True)))
-        if predictors
-        else []
+        alarms = alarms_by_run(d.alerts, runs, settings)
+        outs = outcomes(alarms, d.evaluable, runs, settings)
+        row = score_outcomes(p, outs, runs, settings, alarms, recoveries, default)
+        results.append(row)
+        kinds += kind_rows(p.id, row["params"], outs, runs)
+        scored.append((p, default, parent, alarms, d.evaluable, outs))
+    members = [
+        (p, a, ev) for p, default, parent, a, ev, _ in scored if default and _in_ensemble(parent, explicit)
+    ]
+    ens, ens_kinds = ensemble(members, runs, settings, recoveries) if members else (None, [])
+    result = BacktestResult(
+        results,
+        [],
+        unknown,
+        len(run_ids),
+        kinds=kinds + ens_kinds,
+        ensemble=ens,
+        summary=summary_rows(results, kinds),
     )
-    return BacktestResult(results, preds, unknown, len(run_ids))
+    if predictors:
+        replayed = dict(zip(PREDICTOR_RULES, done[len(points) :], strict=True))
+        result.predictors, result.schedule = evaluate_predictors(store, runs, replayed)
+    if tune:
+        result.tuning = _tune(store, scored, runs, settings, budget, folds, holdout_glob)
+    return result
+
+
+def _points(rule: Rule) -> list[Rule]:
+    """A rule's sweep points, its own parameters always among them."""
+    pts = rule.sweep_points()
+    if rule.sweep and all(p.params_json != rule.params_json for p in pts):
+        pts = [replace(rule, sweep={}), *pts]
+    return pts
+
+
+def _in_ensemble(rule: Rule, explicit: bool) -> bool:
+    """Without a rule file the ensemble is the built-ins (the guides' set repeats them); with one,
+    every rule of the file."""
+    return explicit or rule.detector is not None
+
+
+def _tune(store, scored, runs, settings, budget, folds, holdout_glob) -> list[dict]:
+    held = [r for r in runs if holdout_glob and fnmatch.fnmatchcase(r, holdout_glob)]
+    tuning_runs = sorted(r for r in runs if r not in held)
+    edges = store.connect().execute("SELECT child_run, parent_run FROM lineage").fetchall()
+    fold_list = folds_of(run_groups(tuning_runs, edges), folds, settings.seed)
+    by_rule: dict[str, list] = {}
+    for p, default, parent, _, _, outs in scored:
+        by_rule.setdefault(parent.id, []).append((p, outs, default))
+    return [
+        tune_rule(pts, tuning_runs, sorted(held), fold_list, budget)
+        for pts in by_rule.values()
+        if len(pts) > 1
+    ]
 
 
 def frontier(results: list[dict], rule_id: str) -> list[dict]:

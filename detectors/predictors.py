@@ -5,16 +5,22 @@ Ground truth: a run's plateau onset is the first step s after which the EMA of t
 loss turns NaN/Inf has none.
 - `slope_rule` (the guides): |slope(loss, 20)| < 1e-4 for 10 steps and slope(grad_norm, 20) >
   -5e-4 calls "plateau within 200 steps". A call at t came true when the onset is at or before
-  t + 200; timing error = (t + 200) - onset.
+  t + 200; timing error = (t + 200) - onset; recall = runs with an onset that got a true call.
 - `reduce_lr_on_plateau` (baseline): the built-in Plateau detector on the train loss (patience 50).
-- `curve_fit`: at 10/25/50 % of each run, fits a + b·t^-c and a + b·e^(-c·t) to the loss so far
-  (scipy), keeps the better fit and forecasts the final loss (mean of the last 5 % of the run);
-  the baseline forecasts the mean of the last 5 % of the history. Errors are mean absolute.
+- `curve_fit`: fits a + b·t^-c and a + b·e^(-c·t) (least squares, the better of the two) to the
+  loss so far. At 10/25/50 % of each run it forecasts the final loss (mean of the last 5 % of the
+  run; the baseline forecasts the mean of the last 5 % of the history; errors are mean absolute)
+  and the plateau step (the ground-truth definition applied to the fitted curve; error in steps
+  against the onset). At CHECKPOINTS points of each run it calls "plateau within 200 steps" when
+  the forecast plateau step is at most 200 steps ahead, scored like the slope rule.
+- dynamic evaluation schedule, per predictor: evaluate every EVAL_EVERY steps, STRETCH times as
+  far apart while the predictor says the loss has plateaued (its condition holds, or its last
+  checkpoint called it). Against evaluating every EVAL_EVERY steps: the evals saved, and the
+  knees missed: plateau onsets and labelled failure onsets with no evaluation within EVAL_EVERY
+  steps after them (the fixed schedule always has one).
 """
 
 from __future__ import annotations
-
-import warnings
 
 import numpy as np
 import polars as pl
@@ -25,6 +31,8 @@ from workbench.store import Store
 
 EMA_WEIGHT, EPS, W, HORIZON = 0.9, 0.005, 100, 200
 FRACTIONS = (10, 25, 50)
+CHECKPOINTS = 20  # curve-fit plateau calls per run
+EVAL_EVERY, STRETCH = 20, 4
 PREDICTOR_FIELDS = [
     "predictor",
     "calls",
@@ -34,6 +42,20 @@ PREDICTOR_FIELDS = [
     *[f"final_loss_error_at_{f}" for f in FRACTIONS],
     *[f"baseline_error_at_{f}" for f in FRACTIONS],
     "runs",
+    "plateaus",
+    "recall",
+    *[f"plateau_step_error_at_{f}" for f in FRACTIONS],
+]
+SCHEDULE_FIELDS = [
+    "predictor",
+    "eval_every",
+    "stretch",
+    "runs",
+    "fixed_evals",
+    "dynamic_evals",
+    "evals_saved",
+    "knees",
+    "knees_missed",
 ]
 # the "plateau within HORIZON" callers, replayed in the backtest's own pass over the runs
 PREDICTOR_RULES = {
@@ -87,12 +109,12 @@ def plateau_onset(steps: np.ndarray, values: np.ndarray) -> int | None:
     return None
 
 
-def _calls(replayed, run_ids: list[str]) -> dict[str, list[int]]:
-    """Call steps per run from a rule's replay (a rule absent from every run makes none)."""
-    out: dict[str, list[int]] = {}
-    for run, step in replayed.alerts.select("run_id", "step_fired").iter_rows():
+def _intervals(replayed, run_ids: list[str]) -> dict[str, list[tuple[int, int]]]:
+    """Per run, the (call step, last step the condition held) of a rule's replay."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for run, fired, end in replayed.alerts.select("run_id", "step_fired", "step_end").iter_rows():
         if run in run_ids:
-            out.setdefault(run, []).append(step)
+            out.setdefault(run, []).append((fired, end))
     return out
 
 
@@ -101,13 +123,16 @@ def _score_calls(
 ) -> dict:
     total = true = 0
     timing = []
+    called = set()
     for run in evaluated:
         for t in calls.get(run, []):
             total += 1
             p = onsets.get(run)
             if p is not None and p <= t + HORIZON:
                 true += 1
+                called.add(run)
                 timing.append(t + HORIZON - p)
+    plateaus = sum(onsets.get(r) is not None for r in evaluated)
     return {
         "predictor": name,
         "calls": total,
@@ -115,51 +140,97 @@ def _score_calls(
         "precision": true / total if total else None,
         "timing_error_median": float(np.median(timing)) if timing else None,
         "runs": len(evaluated),
+        "plateaus": plateaus,
+        "recall": len(called) / plateaus if plateaus else None,
     }
 
 
+# c values of the grid fit: power-law exponents and exponential rates over time scaled to (0, 1]
+_POW_C = np.geomspace(1e-3, 5.0, 48)
+_EXP_C = np.geomspace(1e-2, 1e3, 48)
+
+
+def _basis(family: str, x: np.ndarray, cs: np.ndarray) -> np.ndarray:
+    return x[None, :] ** -cs[:, None] if family == "pow" else np.exp(-cs[:, None] * x[None, :])
+
+
+def _best_c(family: str, x: np.ndarray, y: np.ndarray, cs: np.ndarray) -> tuple[float, float, float, float]:
+    """(sse, a, b, c) of the best c in `cs`; a and b in closed form (least squares, a, b >= 0)."""
+    phi = _basis(family, x, cs)
+    pm, ym = phi.mean(1), y.mean()
+    var = ((phi - pm[:, None]) ** 2).sum(1)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        b = ((phi - pm[:, None]) * (y - ym)).sum(1) / var
+    b = np.where(np.isfinite(b) & (b > 0), b, 0.0)
+    a = ym - b * pm
+    neg = a < 0  # the floor at 0: refit b alone
+    if neg.any():
+        b = np.where(neg, (phi * y).sum(1) / np.maximum((phi * phi).sum(1), 1e-300), b)
+        a = np.where(neg, 0.0, a)
+    sse = ((a[:, None] + b[:, None] * phi - y) ** 2).sum(1)
+    i = int(np.nanargmin(sse))
+    return float(sse[i]), float(a[i]), float(b[i]), float(cs[i])
+
+
+def fit_curve(t: np.ndarray, y: np.ndarray, t_end: float):
+    """The better least-squares fit of a + b·x^-c and a + b·e^(-c·x) (a, b >= 0: a loss falls
+    towards a floor), x = time scaled to (0, 1] by t_end, as a function of steps; None when
+    there is too little to fit. c is searched on a grid, then refined twice around the best."""
+    if len(y) < 5 or not np.isfinite(y).all():
+        return None
+    t0, span = float(t[0]), max(1.0, float(t_end) - float(t[0]) + 1.0)
+
+    def scale(steps):
+        return (np.asarray(steps, dtype=float) - t0 + 1.0) / span
+
+    x = scale(t)
+    best = None
+    for family, cs in (("pow", _POW_C), ("exp", _EXP_C)):
+        step = cs[1] / cs[0]
+        fit = _best_c(family, x, y, cs)
+        for _ in range(2):
+            step = step ** (1 / 8)
+            fit = min(fit, _best_c(family, x, y, fit[3] * step ** np.arange(-8, 9)))
+        if best is None or fit[0] < best[0]:
+            best = (*fit, family)
+    _, a, b, c, family = best
+
+    def curve(steps):
+        xs = scale(steps)
+        return a + b * (xs**-c if family == "pow" else np.exp(-c * xs))
+
+    return curve
+
+
 def _fit_forecast(t: np.ndarray, y: np.ndarray, t_final: float) -> float | None:
-    from scipy.optimize import curve_fit
-
-    x = (t - t[0] + 1.0) / max(1.0, t_final - t[0] + 1.0)  # scaled time: better conditioned fits
-    xf = 1.0
-    best, best_sse = None, np.inf
-    # a loss falls towards a floor >= 0: a, b >= 0 keep every forecast between 0 and the fit's current level
-    lo = max(float(np.min(y)), 0.0)
-    families = [
-        (
-            lambda x, a, b, c: a + b * np.power(x, -c),
-            [0.9 * lo, max(y[0] - lo, 1e-3), 0.5],
-            ([0, 0, 1e-3], [np.inf, np.inf, 5]),
-        ),
-        (
-            lambda x, a, b, c: a + b * np.exp(-c * x),
-            [0.9 * lo, max(y[0] - lo, 1e-3), 5.0],
-            ([0, 0, 1e-3], [np.inf, np.inf, 1e3]),
-        ),
-    ]
-    for f, p0, bounds in families:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                p, _ = curve_fit(f, x, y, p0=p0, bounds=bounds, maxfev=5000)
-        except (RuntimeError, ValueError):
-            continue
-        sse = float(np.sum((f(x, *p) - y) ** 2))
-        pred = float(f(xf, *p))
-        if sse < best_sse and np.isfinite(pred):
-            best, best_sse = pred, sse
-    return best
+    curve = fit_curve(t, y, t_final)
+    pred = float(curve(t_final)) if curve is not None else None
+    return pred if pred is not None and np.isfinite(pred) else None
 
 
-def curve_fit_scores(series: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
+def forecast_plateau(curve, t_now: float, step: float) -> int | None:
+    """The first step from t_now at which the fitted curve improves by less than EPS over the
+    next W steps (the ground truth's definition), searched up to t_now + 10·HORIZON."""
+    s = np.arange(t_now, t_now + 10 * HORIZON, max(1.0, step))
+    f, g = curve(s), curve(s + W)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        flat = (f - g) / np.abs(f) < EPS
+    hit = np.flatnonzero(flat)
+    return int(s[hit[0]]) if len(hit) else None
+
+
+def curve_fit_scores(series: dict[str, tuple[np.ndarray, np.ndarray]], onsets: dict) -> tuple[dict, dict]:
+    """The curve-fit predictor's object and its plateau calls per run (call step, next checkpoint)."""
     errs = {f: [] for f in FRACTIONS}
     base = {f: [] for f in FRACTIONS}
-    used = 0
-    for steps, vals in series.values():
+    plateau_errs = {f: [] for f in FRACTIONS}
+    calls: dict[str, list[tuple[int, int]]] = {}
+    used = []
+    for run, (steps, vals) in series.items():
         if len(vals) < 40 or not np.isfinite(vals).all():
             continue
-        used += 1
+        used.append(run)
+        gap = float(np.median(np.diff(steps)))
         tail = max(1, len(vals) // 20)
         actual = float(np.mean(vals[-tail:]))
         for f in FRACTIONS:
@@ -169,32 +240,91 @@ def curve_fit_scores(series: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
             last = float(np.mean(h_y[-max(1, n // 20) :]))
             errs[f].append(abs((pred if pred is not None else last) - actual))
             base[f].append(abs(last - actual))
-    out = {
-        "predictor": "curve_fit",
-        "calls": None,
-        "calls_true": None,
-        "precision": None,
-        "timing_error_median": None,
-        "runs": used,
-    }
+            curve = fit_curve(h_t, h_y, h_t[-1])
+            p, truth = (forecast_plateau(curve, h_t[-1], gap) if curve else None), onsets.get(run)
+            if p is not None and truth is not None:
+                plateau_errs[f].append(abs(p - truth))
+        cuts = sorted({max(10, len(vals) * i // CHECKPOINTS) for i in range(2, CHECKPOINTS)})
+        for i, n in enumerate(cuts):
+            curve = fit_curve(steps[:n].astype(float), vals[:n], float(steps[n - 1]))
+            p = forecast_plateau(curve, float(steps[n - 1]), gap) if curve else None
+            if p is not None and p <= steps[n - 1] + HORIZON:
+                until = int(steps[cuts[i + 1] - 1]) if i + 1 < len(cuts) else int(steps[-1])
+                calls.setdefault(run, []).append((int(steps[n - 1]), until))
+    out = _score_calls("curve_fit", {r: [c for c, _ in v] for r, v in calls.items()}, onsets, used)
     for f in FRACTIONS:
         out[f"final_loss_error_at_{f}"] = float(np.mean(errs[f])) if errs[f] else None
         out[f"baseline_error_at_{f}"] = float(np.mean(base[f])) if base[f] else None
-    return out
+        out[f"plateau_step_error_at_{f}"] = float(np.median(plateau_errs[f])) if plateau_errs[f] else None
+    return out, calls
 
 
-def evaluate_predictors(store: Store, runs: dict, replayed: dict) -> list[dict]:
-    """The three predictor objects, every field present (null where it does not apply);
-    `replayed` holds the replays of PREDICTOR_RULES over the same runs."""
+def schedule_scores(
+    name: str,
+    modes: dict[str, list[tuple[int, int]]],
+    spans: dict[str, tuple[int, int]],
+    knees: dict[str, list[int]],
+) -> dict:
+    """The dynamic evaluation schedule driven by one predictor's plateau intervals (see the
+    module docstring), summed over runs."""
+    fixed = dynamic = n_knees = missed = 0
+    for run, (first, last) in spans.items():
+        intervals = modes.get(run, [])
+        evals, t = [], first
+        while t <= last:
+            evals.append(t)
+            stretched = any(a <= t <= b for a, b in intervals)
+            t += EVAL_EVERY * (STRETCH if stretched else 1)
+        fixed += len(range(first, last + 1, EVAL_EVERY))
+        dynamic += len(evals)
+        ev = np.array(evals)
+        for k in knees.get(run, []):
+            if first <= k <= last:
+                n_knees += 1
+                missed += not np.any((ev >= k) & (ev <= k + EVAL_EVERY))
+    return {
+        "predictor": name,
+        "eval_every": EVAL_EVERY,
+        "stretch": STRETCH,
+        "runs": len(spans),
+        "fixed_evals": fixed,
+        "dynamic_evals": dynamic,
+        "evals_saved": 1 - dynamic / fixed if fixed else None,
+        "knees": n_knees,
+        "knees_missed": missed,
+    }
+
+
+def evaluate_predictors(store: Store, runs: dict, replayed: dict) -> tuple[list[dict], list[dict]]:
+    """The three predictor objects (every field present, null where it does not apply) and the
+    dynamic evaluation schedule each drives; `replayed` holds the replays of PREDICTOR_RULES
+    over the same runs."""
     run_ids = sorted(runs)
     series = loss_series(store, run_ids)
     onsets = {run: plateau_onset(*series[run]) for run in series}
     evaluated = sorted(series)
+    modes = {name: _intervals(replayed[name], run_ids) for name in PREDICTOR_RULES}
+    fit, modes["curve_fit"] = curve_fit_scores(series, onsets)
     out = [
-        *[_score_calls(name, _calls(replayed[name], run_ids), onsets, evaluated) for name in PREDICTOR_RULES],
-        curve_fit_scores(series),
+        *[
+            _score_calls(name, {r: [a for a, _ in v] for r, v in modes[name].items()}, onsets, evaluated)
+            for name in PREDICTOR_RULES
+        ],
+        fit,
     ]
-    return [{k: _clean(o.get(k)) for k in PREDICTOR_FIELDS} for o in out]
+    spans = {r: (int(s[0]), int(s[-1])) for r, (s, _) in series.items() if len(s)}
+    knees = {
+        r: [
+            k
+            for k in (onsets.get(r), runs[r].onset if runs[r].outcome == "failed" else None)
+            if k is not None
+        ]
+        for r in spans
+    }
+    schedule = [schedule_scores(name, modes[name], spans, knees) for name in modes]
+    return [{k: _clean(o.get(k)) for k in PREDICTOR_FIELDS} for o in out], [
+        {k: _clean(o.get(k)) for k in SCHEDULE_FIELDS} for o in schedule
+    ]
 
 
 def _clean(x):

@@ -1,5 +1,7 @@
-"""Backtest metrics on hand-built alerts and labels with known answers; a golden summary of the
-guides' rule set on sample_runs/ (regenerate: WORKBENCH_UPDATE_GOLDEN=1 pytest tests/test_backtest.py)."""
+"""Backtest metrics on hand-built alerts and labels with known answers (per rule, per failure
+kind, the ensemble, cross-validated tuning, predictors and evaluation schedules); golden
+summaries of the guides' rule set and of the built-ins on sample_runs/ (regenerate:
+WORKBENCH_UPDATE_GOLDEN=1 pytest tests/test_backtest.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,16 @@ import numpy as np
 import polars as pl
 import pytest
 from conftest import ingest_paths
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from detectors.backtest import RULE_FIELDS, RunInfo, Settings, backtest, best_under_budget, frontier, score
 from detectors.engine import ALERT_SCHEMA
+from detectors.kinds import KIND_FIELDS, SUMMARY_FIELDS, ensemble, kind_rows, merge_alarms, summary_rows
+from detectors.predictors import EPS, W, fit_curve, forecast_plateau, schedule_scores
 from detectors.rules import Rule
+from detectors.scoring import fisher_greater, outcomes
+from detectors.tuning import TUNE_FIELDS, _Counts, folds_of, pick, run_groups, tune_rule
 from workbench.store import Store
 
 ROOT = Path(__file__).parent.parent
@@ -71,6 +79,11 @@ def test_metrics_on_known_alerts():
     assert (m["lead_time_median"], m["lead_time_mean"], m["lead_time_std"]) == (10.0, 10.0, None)
     assert m["first_trigger_mean"] == 50.0 and m["first_trigger_std"] == pytest.approx(math.sqrt(3200))
     assert m["never_fired"] == 1
+    assert (m["evaluable_failed"], m["evaluable_healthy"]) == (3, 2)
+    assert m["separation"] == pytest.approx(2 / 3 - 0.5)
+    assert m["false_alarms_per_1k_healthy"] == pytest.approx(1000 * 2 / 400)  # h1's two alarms
+    # one-sided Fisher exact test of 2/3 failed vs 1/2 healthy firing
+    assert m["separation_p"] == pytest.approx(0.7)
 
 
 @pytest.mark.parametrize(
@@ -183,7 +196,7 @@ def test_cli_backtest_json_contract(sample_store, tmp_path):
         raise AssertionError(f"bare {token} in JSON output")
 
     doc = json.loads(p.stdout, parse_constant=no_bare_constants)
-    assert set(doc) == {"rules", "predictors"}
+    assert set(doc) == {"rules", "predictors", "kinds", "ensemble", "summary", "tuning", "schedule"}
     required = [
         "rule",
         "params",
@@ -220,3 +233,297 @@ def test_cli_backtest_json_contract(sample_store, tmp_path):
     assert {p["predictor"] for p in doc["predictors"]} >= {"slope_rule", "curve_fit"}
     assert all(set(pred) <= set(p) for p in doc["predictors"])
     assert (tmp_path / "out/rules.parquet").exists() and (tmp_path / "out/backtest.json").exists()
+
+
+# --- trigger-rate intervals, failure kinds, the ensemble, the summary ------------------------------
+def kinded():
+    def r(run, outcome, onset, kind=None, last=199):
+        return RunInfo(run, outcome, onset, 0, np.arange(0, last + 1), kind)
+
+    return {
+        "s1": r("s1", "failed", 100, "loss_spike"),
+        "s2": r("s2", "failed", 100, "loss_spike"),
+        "c1": r("c1", "failed", 150, "collapse"),
+        "h1": r("h1", "healthy", None),
+        "h2": r("h2", "healthy", None),
+    }
+
+
+def test_trigger_rate_intervals_resample_runs_within_each_cohort():
+    rs = {f"f{i}": RunInfo(f"f{i}", "failed", 100, 0, np.arange(200)) for i in range(20)}
+    rs |= {f"h{i}": RunInfo(f"h{i}", "healthy", None, 0, np.arange(200)) for i in range(20)}
+    fired = {**{f"f{i}": [95] for i in range(14)}, **{f"h{i}": [50] for i in range(2)}}
+    m = score(Rule("t", "x > 1"), alerts(fired), list(rs), rs, Settings(bootstrap=500, seed=3))
+    assert (m["trigger_rate_failed"], m["trigger_rate_healthy"]) == (0.7, 0.1)
+    assert m["trigger_rate_failed_ci_low"] < 0.7 < m["trigger_rate_failed_ci_high"]
+    assert 0.0 <= m["trigger_rate_healthy_ci_low"] < 0.1 < m["trigger_rate_healthy_ci_high"] < 0.35
+    assert m["separation"] == pytest.approx(0.6)
+    assert 0.3 < m["separation_ci_low"] < 0.6 < m["separation_ci_high"]
+    assert m["separation_p"] < 1e-3
+
+
+def test_kind_matrix_rows_on_known_alarms():
+    rs = kinded()
+    outs = outcomes({"s1": [100], "c1": [400], "h2": [10, 90]}, list(rs), rs, Settings(horizon=20, lead=30))
+    rows = {r["kind"]: r for r in kind_rows("t", "{}", outs, rs)}
+    assert list(rows) == ["collapse", "loss_spike", "healthy"] and list(rows["healthy"]) == KIND_FIELDS
+    assert (
+        rows["loss_spike"]["detected"],
+        rows["loss_spike"]["evaluable"],
+        rows["loss_spike"]["recall"],
+    ) == (1, 2, 0.5)
+    assert rows["loss_spike"]["lead_time_median"] == 0.0
+    assert (
+        rows["collapse"]["recall"] == 0.0 and rows["collapse"]["triggered"] == 0
+    )  # 400 is past onset + horizon
+    h = rows["healthy"]
+    assert (h["triggered"], h["trigger_rate"], h["recall"]) == (1, 0.5, None)
+    assert h["false_alarms_per_1k"] == pytest.approx(1000 * 2 / 400)
+    # a kind the rule could not be evaluated on has nulls, not zeros
+    only_h = kind_rows("t", "{}", {"h1": outs["h1"]}, rs)
+    assert next(r for r in only_h if r["kind"] == "collapse")["recall"] is None
+
+
+def test_ensemble_merges_alarms_within_the_refractory_and_scores_like_a_rule():
+    assert merge_alarms([{"a": [10, 100]}, {"a": [15, 40], "b": [5]}], 20) == {"a": [10, 40, 100], "b": [5]}
+    rs = kinded()
+    st = Settings(horizon=20, lead=30, bootstrap=0, refractory=20)
+    spike = (Rule("spike", "x > 1"), {"s1": [100], "s2": [101], "h1": [50]}, ["s1", "s2", "h1", "h2"])
+    collapse = (Rule("collapse", "y > 1"), {"c1": [150], "h1": [60]}, ["c1", "h1", "h2"])
+    row, kinds = ensemble([spike, collapse], rs, st)
+    assert row["members"] == ["spike", "collapse"] and json.loads(row["params"])["members"] == [
+        "spike",
+        "collapse",
+    ]
+    assert row["recall"] == 1.0 and row["trigger_rate_healthy"] == 0.5
+    assert row["false_alarms_per_1k_healthy"] == pytest.approx(1000 * 1 / 400)  # 50 and 60: one event
+    assert {k["kind"]: k["detected"] for k in kinds if k["kind"] != "healthy"} == {
+        "collapse": 1,
+        "loss_spike": 2,
+    }
+
+
+def test_summary_rows_carry_the_kinds_a_rule_catches_and_recovery_success():
+    results = [
+        {**{k: None for k in RULE_FIELDS}, "rule": "r", "params": "{}", "default": True}
+        | {"recoveries_after_alarm": 4, "recoveries_healthy": 3},
+        {**{k: None for k in RULE_FIELDS}, "rule": "r", "params": "{x}", "default": False},
+    ]
+    kinds = [
+        {"rule": "r", "params": "{}", "kind": "a", "recall": 0.5},
+        {"rule": "r", "params": "{}", "kind": "b", "recall": 0.4},
+        {"rule": "r", "params": "{}", "kind": "healthy", "recall": None},
+    ]
+    (row,) = summary_rows(results, kinds)
+    assert list(row) == SUMMARY_FIELDS
+    assert row["kinds_caught"] == ["a"] and row["recovery_success"] == 0.75
+
+
+# --- honest tuning ------------------------------------------------------------------------------
+def test_run_groups_keep_lineage_together_and_folds_deal_groups():
+    groups = run_groups(["a", "b", "c", "d"], [("b", "a"), ("x", "c")])
+    assert groups == [["a", "b"], ["c"], ["d"]]
+    assert folds_of(groups, None) == groups
+    two = folds_of(groups, 2, seed=0)
+    assert len(two) == 2 and sorted(r for f in two for r in f) == ["a", "b", "c", "d"]
+    assert any(set(f) >= {"a", "b"} for f in two)  # a group is never split
+
+
+def test_cross_validation_shows_what_the_in_sample_pick_hides():
+    """P1 catches more but fires on h1: within a zero budget the in-sample pick is the default
+    P0. Leaving h1 out makes P1 look free, so that fold picks it and h1, scored at P1, fires:
+    the cross-validated score shows the false alarm the in-sample one hides."""
+    rs = {
+        "f1": RunInfo("f1", "failed", 100, 0, np.arange(200), "k"),
+        "f2": RunInfo("f2", "failed", 100, 0, np.arange(200), "k"),
+        "h1": RunInfo("h1", "healthy", None, 0, np.arange(200)),
+        "h2": RunInfo("h2", "healthy", None, 0, np.arange(200)),
+        "f3": RunInfo("f3", "failed", 100, 0, np.arange(200), "k"),
+    }
+    st = Settings(horizon=20, lead=30)
+    p0 = outcomes({"f1": [100]}, list(rs), rs, st)
+    p1 = outcomes({"f1": [100], "f2": [100], "f3": [100], "h1": [50]}, list(rs), rs, st)
+    rule_points = [
+        (Rule("t", "x > 1", params={"k": 0}), p0, True),
+        (Rule("t", "x > 1", params={"k": 1}), p1, False),
+    ]
+    runs = ["f1", "f2", "h1", "h2"]
+    row = tune_rule(rule_points, runs, [], [[r] for r in runs], budget=0.0)
+    assert list(row) == TUNE_FIELDS
+    assert row["picked_params"] == '{"k": 0}' and row["default_params"] == '{"k": 0}'
+    assert (row["in_sample_recall"], row["in_sample_trigger_rate_healthy"]) == (0.5, 0.0)
+    assert (row["cv_recall"], row["cv_trigger_rate_healthy"]) == (0.5, 0.5)
+    assert row["pick_agreement"] == 0.75 and row["optimism_recall"] == 0.0
+    # with a budget that lets P1's false alarm through, P1 wins in-sample; scored on held-out runs
+    loose = tune_rule(rule_points, ["f1", "f3", "h1"], ["f2", "h2"], [["f1"], ["f3"], ["h1"]], budget=10.0)
+    assert loose["picked_params"] == '{"k": 1}' and loose["holdout_recall"] == 1.0
+    assert loose["default_holdout_recall"] == 0.0 and loose["holdout_trigger_rate_healthy"] == 0.0
+
+
+def test_pick_prefers_the_default_on_a_tie_and_the_quietest_point_when_nothing_fits():
+    rs = {
+        "f": RunInfo("f", "failed", 100, 0, np.arange(200), "k"),
+        "h": RunInfo("h", "healthy", None, 0, np.arange(200)),
+    }
+    st = Settings(horizon=20, lead=30)
+    same = [outcomes({"f": [100]}, list(rs), rs, st) for _ in range(3)]
+    assert pick(_Counts(same, ["f", "h"]), np.ones(2, bool), 0.0, default=2) == 2
+    noisy = [
+        outcomes({"f": [100], "h": list(range(0, 200, 10 * (i + 1)))}, list(rs), rs, st) for i in range(3)
+    ]
+    assert pick(_Counts(noisy, ["f", "h"]), np.ones(2, bool), 0.0) == 2
+
+
+def test_backtest_tune_scores_builtin_grids_by_cross_validation(sample_store):
+    from detectors import builtins as B
+
+    rules = [B.SigmaSpike().rule(), B.NonFiniteGradNorm().rule()]
+    res = backtest(
+        sample_store, rules, None, Settings(bootstrap=0), predictors=False, tune=True, holdout_glob="*spike*"
+    )
+    by_rule = {t["rule"]: t for t in res.tuning}
+    assert set(by_rule) == {"loss_spike", "non_finite_grad_norm"}
+    spike = by_rule["loss_spike"]
+    assert spike["points"] == len(B.SigmaSpike.grid["k"]) * len(B.SigmaSpike.grid["window"])
+    assert spike["holdout_runs"] == 2 and spike["holdout_recall"] is not None
+    # the resumed and recovered runs stay with the runs they continue: fewer folds than runs
+    assert spike["folds"] < res.rules[0]["runs_failed"] + res.rules[0]["runs_healthy"] - 2
+    assert 0.0 <= spike["pick_agreement"] <= 1.0
+
+
+# --- predictors: curve fits, plateau forecasts, evaluation schedules ------------------------------
+def test_fit_curve_recovers_exact_families_and_forecasts_their_plateau():
+    t = np.arange(1, 201, dtype=float)
+    exp = 1.0 + 2.0 * np.exp(-t / 40)
+    curve = fit_curve(t, exp, 400.0)
+    assert np.allclose(curve(t), exp, rtol=2e-3)
+    # the definition on the true curve: the first s with (f(s) - f(s + W)) / f(s) < EPS
+    s = np.arange(1, 1000)
+    f = 1.0 + 2.0 * np.exp(-s / 40)
+    g = 1.0 + 2.0 * np.exp(-(s + W) / 40)
+    truth = int(s[np.argmax((f - g) / f < EPS)])
+    assert abs(forecast_plateau(curve, 1.0, 1.0) - truth) <= 3
+    power = 0.5 + 3.0 * t**-0.7
+    assert np.allclose(fit_curve(t, power, 200.0)(t), power, rtol=5e-3)
+    assert fit_curve(t[:3], power[:3], 10.0) is None
+
+
+def test_dynamic_schedule_counts_evals_saved_and_knees_missed():
+    # steps 0..199, every 20 steps = 10 evals; stretched 4x inside [40, 199]
+    row = schedule_scores("p", {"r": [(40, 199)]}, {"r": (0, 199)}, {"r": [30, 130]})
+    assert (row["fixed_evals"], row["dynamic_evals"]) == (10, 4)  # 0, 20, 40, 120
+    assert row["evals_saved"] == pytest.approx(0.6)
+    assert (row["knees"], row["knees_missed"]) == (
+        2,
+        1,
+    )  # 30 is seen at 40; after 120 the next eval is past the run
+    quiet = schedule_scores("p", {}, {"r": (0, 199)}, {"r": [30, 130]})
+    assert (quiet["dynamic_evals"], quiet["knees_missed"]) == (10, 0)
+
+
+# --- golden summary of the built-ins -----------------------------------------------------------
+GOLDEN_BUILTINS = Path(__file__).parent / "golden" / "backtest_builtins.json"
+
+
+def test_golden_summary_of_the_builtins(sample_store):
+    """Every built-in at its own parameters on sample_runs: the summary rows, the kind matrix as
+    detected/evaluable cells, the ensemble; reviewed in the diff when a detector changes."""
+    res = backtest(sample_store, None, None, Settings(bootstrap=200), predictors=False)
+    keep = (
+        "rule",
+        "runs_evaluable",
+        "trigger_rate_failed",
+        "trigger_rate_healthy",
+        "separation",
+        "recall",
+        "false_alarms_per_1k_healthy",
+        "first_trigger_mean",
+        "never_fired",
+        "lead_time_median",
+        "kinds_caught",
+    )
+    defaults = {(r["rule"], r["params"]) for r in res.rules if r["default"]}
+    matrix: dict[str, dict[str, str]] = {}
+    for k in res.kinds:
+        if ((k["rule"], k["params"]) in defaults or k["rule"] == "ensemble") and k["evaluable"]:
+            n = k["triggered"] if k["kind"] == "healthy" else k["detected"]
+            matrix.setdefault(k["rule"], {})[k["kind"]] = f"{n}/{k['evaluable']}"
+    ens = res.ensemble
+    summary = {
+        "summary": [{k: _round(r[k]) for k in keep} for r in res.summary],
+        "kinds": matrix,
+        "ensemble": {
+            k: _round(ens[k])
+            for k in (
+                "recall",
+                "trigger_rate_failed",
+                "trigger_rate_healthy",
+                "false_alarms_per_1k_healthy",
+                "members",
+            )
+        },
+    }
+    if os.environ.get("WORKBENCH_UPDATE_GOLDEN"):
+        GOLDEN_BUILTINS.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    assert summary == json.loads(GOLDEN_BUILTINS.read_text())
+    builtin = [r for r in res.summary if not r["rule"].startswith("guides_")]
+    assert all(
+        r["trigger_rate_healthy"] in (0.0, None) for r in builtin
+    )  # no built-in fires on a healthy run
+    assert ens["recall"] >= 0.9 and ens["trigger_rate_healthy"] == 0.0
+
+
+def test_cli_summary_and_tune(sample_store, tmp_path):
+    def cli(*args):
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "workbench",
+                "backtest",
+                "--store",
+                str(sample_store.root),
+                "--bootstrap",
+                "20",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "250"},
+        )
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    text = cli("--summary")
+    for needle in (
+        "first trigger",
+        "trig fail",
+        "catches",
+        "per failure kind",
+        "Ensemble",
+        "plateau within 200",
+        "knees missed",
+    ):
+        assert needle in text
+    rows = cli("--summary", "--format", "csv").splitlines()
+    assert rows[0].split(",")[:3] == ["rule", "params", "runs_evaluable"] and len(rows) > 20
+    tuned = cli(
+        "--rules", str(ROOT / "detectors/guides.toml"), "--tune", "--holdout", "*spike*", "--budget", "0.5"
+    )
+    assert "cross-val recall / FA" in tuned and "holdout (2 runs) picked" in tuned
+    bad = subprocess.run(
+        [sys.executable, "-m", "workbench", "backtest", "--store", str(sample_store.root), "--folds", "3"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0 and "--tune" in bad.stderr
+
+
+@settings(deadline=None, max_examples=80)
+@given(hst.integers(1, 30), hst.integers(1, 30), hst.data())
+def test_fisher_exact_upper_tail_matches_scipy(n_f, n_h, data):
+    from scipy.stats import fisher_exact
+
+    a, c = data.draw(hst.integers(0, n_f)), data.draw(hst.integers(0, n_h))
+    p = fisher_exact([[a, n_f - a], [c, n_h - c]], alternative="greater")[1]
+    assert fisher_greater(a, n_f, c, n_h) == pytest.approx(p, rel=1e-9, abs=1e-12)

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import DATA, ingest_paths
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detectors import builtins as B
+from detectors.builtins import builtin_rules
 from detectors.engine import ReplayError, SeriesData, evaluate
+from detectors.replay import batches, replay_batches
 from detectors.rules import Rule
+from workbench.store import Store
 
 NAN, INF = float("nan"), float("inf")
 
@@ -216,7 +222,12 @@ CAUSAL_RULES = [
     Rule("first", "abs(x) > 2 * max_first(x, 5)"),
     Rule("sparse", "y > x", on="y", for_steps=2),
     B.SigmaSpike(metric="x", window=6, k=2, exclude_flagged=True).rule(),
+    B.SigmaSpike(metric="x", window=4, k=1).rule(),  # gated by the lr warm-up of `lr`
     B.Plateau(metric="x", threshold=0.01, patience=3).rule(),
+    B.NonFiniteGradNorm(metric="x", consecutive=2).rule(),
+    B.LossDivergence(metric="x", rise=0.1, for_steps=2).rule(),
+    B.EmaGradSpike(metric="x", k=1.5, warmup=0).rule(),
+    B.VanishingGradients(metric="x", window=4, for_steps=2).rule(),
 ]
 series = st.lists(st.one_of(st.floats(-5, 5), st.just(NAN), st.just(INF)), min_size=1, max_size=60)
 
@@ -226,8 +237,9 @@ series = st.lists(st.one_of(st.floats(-5, 5), st.just(NAN), st.just(INF)), min_s
 def test_truncating_a_run_never_changes_what_fired_before_the_cut(x, y, cut, stride):
     xs = [(i * stride, v) for i, v in enumerate(x)]
     ys = [(i * stride * 2, v) for i, v in enumerate(y)]
-    full = data({"r": {"x": xs, "y": ys}})
-    part = data({"r": {"x": [p for p in xs if p[0] < cut], "y": [p for p in ys if p[0] < cut]}})
+    full = data({"r": {"x": xs, "y": ys, "lr": ys}})
+    cut_ys = [p for p in ys if p[0] < cut]
+    part = data({"r": {"x": [p for p in xs if p[0] < cut], "y": cut_ys, "lr": cut_ys}})
     for rule in CAUSAL_RULES:
         try:
             a_full, _ = evaluate(rule, full)
@@ -244,3 +256,226 @@ def test_alert_fields_and_message():
     row = alerts.row(0, named=True)
     assert row["value"] == 7 and row["severity"] == "critical" and json.loads(row["params"]) == {"k": 5}
     assert row["message"] == "t: loss=7.0" and not math.isnan(row["value"])
+
+
+# --- detectors that know training: truth tables ------------------------------------------------
+def test_non_finite_grad_norm_excuses_fp16_skips_but_not_storms_or_the_scale_floor():
+    gn = [1, INF, INF, 1, INF, INF, INF, 1, NAN, 1]
+    scale = [2.0**16] * 8 + [1.0, 1.0]  # the scale reaches DeepSpeed's floor at step 8
+    fp16 = data({"r": {"grad_norm": gn, "loss_scale": scale}})
+    # two skips in a row (DeepSpeed's hysteresis) are normal; the third in a row and the floor are not
+    assert fired(B.NonFiniteGradNorm().rule(), fp16) == [("r", 6, 6, 6), ("r", 8, 8, 8)]
+    # without dynamic loss scaling every non-finite norm alarms (as the plain NonFinite does)
+    fp32 = data({"r": {"grad_norm": gn}})
+    assert fired(B.NonFiniteGradNorm().rule(), fp32) == fired(B.NonFinite(metric="grad_norm").rule(), fp32)
+    assert fired(B.NonFiniteGradNorm().rule(), fp32) == [("r", 1, 1, 2), ("r", 4, 4, 6), ("r", 8, 8, 8)]
+    # OVERFLOW notices are evidence of dynamic loss scaling too, from their step on; a
+    # minimum-loss-scale exit is the floor
+    ev = [{"run_id": "r", "step": 3, "kind": "overflow", "attrs": "{}"}]
+    noticed = data({"r": {"grad_norm": gn}}, events=ev)
+    assert fired(B.NonFiniteGradNorm().rule(), noticed) == [("r", 1, 1, 2), ("r", 6, 6, 6)]
+    ev.append({"run_id": "r", "step": 8, "kind": "min_loss_scale", "attrs": "{}"})
+    exited = data({"r": {"grad_norm": gn}}, events=ev)
+    assert fired(B.NonFiniteGradNorm().rule(), exited) == [("r", 1, 1, 2), ("r", 6, 6, 6), ("r", 8, 8, 8)]
+
+
+def test_lr_warmup_end_is_the_first_lr_not_above_the_largest_before():
+    d = data(
+        {
+            "warm": {"lr": [0.1, 0.2, 0.3, 0.3, 0.2]},  # linear warm-up to step 2, then flat
+            "flat": {"lr": [1.0, 1.0, 1.0]},
+            "rising": {"lr": [1, 2, 3]},  # never done warming up
+            "once": {"lr": [(5, 3e-4)]},  # a constant, logged once
+            "no_lr": {"loss": [1, 2]},
+        }
+    )
+    ends = {d.run_name[rid]: end for rid, end in B.lr_warmup_end(d).iter_rows()}
+    assert ends == {"warm": 3, "flat": 1, "rising": None, "once": 5}
+
+
+def test_sigma_rules_wait_for_the_window_and_the_lr_warmup():
+    noise = [1.0, 1.1, 0.9, 1.05, 0.95] * 8  # 40 steps
+    loss = noise[:25] + [3.0] + noise[25:] + [3.0] + [1.0] * 4  # spikes at 25 and 41
+    lr = [i / 30 for i in range(30)] + [1.0] * 16  # the warm-up ends at step 30
+    rule = B.SigmaSpike(window=20, k=3, cooldown=0).rule()
+    assert fired(rule, data({"r": {"loss": loss}})) == [("r", 25, 25, 25), ("r", 41, 41, 41)]
+    assert fired(rule, data({"r": {"loss": loss, "lr": lr}})) == [("r", 41, 41, 41)]
+    # the window must have filled: 20 finite values before the first spike at 10
+    early = noise[:10] + [3.0] + noise[:10]
+    assert fired(rule, data({"r": {"loss": early}})) == []
+
+
+def test_sigma_spike_skips_non_finite_values_in_its_window():
+    noise = [1.0, 1.1, 0.9, 1.05, 0.95] * 6
+    loss = noise[:15] + [INF, NAN] + noise[15:] + [3.0]
+    assert fired(B.SigmaSpike(window=20, k=3).rule(), data({"r": {"loss": loss}})) == [("r", 32, 32, 32)]
+
+
+def test_loss_divergence_tells_a_spike_that_recovers_from_one_that_does_not():
+    base = [2.0 - 0.01 * i for i in range(50)]  # falling: the best keeps improving
+    recovers = base + [3.0] * 5 + [1.5] * 40
+    stays = base + [3.0] * 45
+    rule = B.LossDivergence(rise=0.2, for_steps=10, weight=0.5).rule()
+    assert fired(rule, data({"r": {"loss": recovers}})) == []
+    # the EMA crosses 1.2 x its best at step 50, so the 10th step above is 59
+    assert fired(rule, data({"r": {"loss": stays}})) == [("r", 50, 59, 94)]
+
+
+def test_ema_grad_spike_skips_fp16_skips_and_keeps_spikes_out_of_its_ema():
+    g = [1.0] * 10 + [INF] + [1.0] * 5 + [10.0, 10.0] + [1.0] * 5
+    rule = B.EmaGradSpike(k=3, warmup=0, cooldown=0).rule()
+    # the Inf neither alarms nor poisons the EMA; the second 10 still alarms (clipped feed)
+    assert fired(rule, data({"r": {"grad_norm": g}})) == [("r", 16, 16, 17)]
+
+
+def test_vanishing_gradients_relative_to_the_runs_own_level():
+    g = [0.4] * 20 + [0.01] * 6 + [0.4]
+    assert fired(B.VanishingGradients(window=10, for_steps=5).rule(), data({"r": {"grad_norm": g}})) == [
+        ("r", 20, 24, 25)
+    ]
+    # a run at a tiny but steady gradient norm is not vanishing
+    steady = data({"r": {"grad_norm": [1e-6] * 40}})
+    assert fired(B.VanishingGradients(window=10).rule(), steady) == []
+
+
+def test_lr_collapse_fires_after_for_steps_below_the_fraction_of_the_peak():
+    lr = [1.0] * 5 + [0.5**i for i in range(1, 20)]  # below 2 % from 0.5**6
+    assert fired(B.LrCollapse(fraction=0.02, for_steps=3).rule(), data({"r": {"lr": lr}})) == [
+        ("r", 10, 12, 23)
+    ]
+
+
+def test_memory_and_moe_detectors_find_their_tags():
+    d = data(
+        {
+            "gpu": {"memory_reserved_pct": [50, 96, 97]},
+            "cpu": {"memory/rss_pct_of_budget": [30, 60, 91], "memory_reserved_pct": []},
+            "moe": {
+                "moe/layer_0/max_load": [130, 400, 500],
+                "moe/layer_0/mean_load": [64, 64, 64],
+                "moe/layer_1/max_load": [120, 120, 120],
+                "moe/layer_1/mean_load": [64, 64, 64],
+                "moe/balance_loss": [0.02, 0.02, 900.0],
+                "moe/total_loss": [3.0, 2.0, 901.0],
+            },
+        }
+    )
+    assert sorted(fired(B.MemoryPressure().rule(), d)) == [("cpu", 2, 2, 2), ("gpu", 1, 1, 2)]
+    alerts, runs = evaluate(B.MoeImbalance(for_steps=1).rule(), d)
+    assert runs == ["moe"] and [(r["tag"], r["step_start"]) for r in alerts.iter_rows(named=True)] == [
+        ("moe/layer_0/max_load", 1)
+    ]
+    assert fired(B.BalanceLossShare(for_steps=1).rule(), d) == [("moe", 2, 2, 2)]
+
+
+def test_megatron_spike_leaves_non_finite_values_to_non_finite():
+    g = [1.0] * 5 + [INF, 50.0]
+    assert fired(B.MegatronSpike(baseline=5).rule(), data({"r": {"grad_norm": g}})) == [("r", 6, 6, 6)]
+
+
+# --- every built-in on real runs: the kind it targets, and quiet on healthy fp16 with skips -----
+ROOT = Path(__file__).parent.parent
+REAL_RUNS = [
+    ROOT / "sample_runs" / r
+    for r in (
+        "healthy_deepspeed_fp16",
+        "healthy_seed0",
+        "fp16_overflow_storm",
+        "diverge_nan",
+        "hf_diverge_nan_filtered",
+        "spike_recovers",
+        "spike_no_recovery",
+        "attention_collapse",
+        "representation_collapse",
+        "overfit",
+        "plateau",
+        "memory_jump",
+    )
+] + sorted(p for p in (DATA / "detector_runs").iterdir() if p.is_dir())
+HEALTHY = ["healthy_deepspeed_fp16", "healthy_seed0", "moe_healthy"]
+
+
+@pytest.fixture(scope="module")
+def real_alarms(tmp_path_factory):
+    """First alarm step per built-in and run, over real runs of every failure kind."""
+    root = tmp_path_factory.mktemp("real") / "runs"
+    for run in REAL_RUNS:
+        shutil.copytree(run, root / run.name)
+    store = Store(root.parent / "store")
+    ingest_paths(store, root)
+    rules = builtin_rules()
+    done = replay_batches(store, rules, batches(store, None))
+    out = {}
+    for rule, d in zip(rules, done, strict=True):
+        first = d.alerts.group_by("run_id").agg(pl.col("step_fired").min())
+        out[rule.id] = dict(first.iter_rows()), set(d.evaluable)
+    return out, store
+
+
+# (built-in, run of the kind it targets, labelled onset, first alarm no earlier / later than onset + ...)
+PINS = [
+    ("non_finite_loss", "diverge_nan", 179, 0, 0),
+    ("non_finite_grad_norm", "hf_diverge_nan_filtered", 185, 0, 0),  # the logged loss stays finite
+    ("non_finite_grad_norm", "fp16_overflow_storm", 61, 1, 5),  # the third skip in a row
+    ("loss_scale_collapse", "fp16_overflow_storm", 61, 0, 10),
+    ("loss_spike", "spike_recovers", 151, 0, 0),
+    ("olmo_spike", "spike_no_recovery", 151, 0, 0),
+    ("loss_divergence", "spike_no_recovery", 151, 45, 55),  # 50 steps without coming back
+    ("llmfoundry_loss_spike", "spike_no_recovery", 151, 0, 5),
+    ("megatron_unexpectedly_large", "spike_no_recovery", 151, 0, 2),
+    ("ema_grad_spike", "spike_recovers", 151, 0, 0),
+    ("vanishing_gradients", "attention_collapse", 153, 0, 20),
+    ("gradient_flow", "attention_collapse", 153, 100, 160),  # only once the gradients are gone
+    ("clip_saturation", "spike_no_recovery", 151, 0, 30),
+    ("P1_attention_collapse", "attention_collapse", 153, 50, 70),
+    ("P2_dead_ffn", "representation_collapse", 159, 40, 55),
+    ("P4_memory_jump", "memory_jump", 200, 20, 40),
+    ("plateau", "overfit", 60, 100, 130),
+    ("lr_collapse", "plateau", 123, 0, 30),
+    ("overfitting", "overfit", 60, 50, 70),
+    ("overfit_gap", "overfit", 60, 0, 0),
+    ("memory_pressure", "memory_leak_oom", 102, 50, 65),
+    ("memory_growth", "memory_leak_oom", 102, 5, 15),
+    ("memory_growth", "memory_jump", 200, 0, 5),
+    ("moe_imbalance", "moe_router_collapse", 81, 5, 20),
+    ("balance_loss_share", "moe_balance_loss_dominates", 30, 0, 5),
+]
+
+
+@pytest.mark.parametrize("rule, run, onset, lo, hi", PINS, ids=[f"{p[0]}-{p[1]}" for p in PINS])
+def test_builtin_fires_on_a_real_run_of_the_kind_it_targets(real_alarms, rule, run, onset, lo, hi):
+    first, _ = real_alarms[0][rule]
+    assert run in first, f"{rule} never fired on {run}"
+    assert onset + lo <= first[run] <= onset + hi
+
+
+@pytest.mark.parametrize("rule", [d.id for d in B.BUILTINS])
+def test_builtin_stays_quiet_on_healthy_runs_fp16_skips_included(real_alarms, rule):
+    first, evaluable = real_alarms[0][rule]
+    assert not set(first) & set(HEALTHY)
+    assert rule in {p[0] for p in PINS} or rule in ("loss_drop", "P3_eval_stalled")
+
+
+def test_the_healthy_fp16_run_really_skips_steps(real_alarms):
+    """The quiet fp16 pin means something: the run has non-finite gradient norms on skipped
+    steps, and a plain non-finite rule alarms on them."""
+    _, store = real_alarms
+    bad = (
+        store.connect()
+        .execute(
+            "SELECT list(step ORDER BY step) FROM scalars WHERE run_id = 'healthy_deepspeed_fp16' "
+            "AND metric = 'grad_norm' AND NOT isfinite(value)"
+        )
+        .fetchone()[0]
+    )
+    assert bad == [252, 253, 305, 307, 360, 361]
+    naive = replay_batches(
+        store, [B.NonFinite(metric="grad_norm").rule()], batches(store, "healthy_deepspeed_fp16")
+    )
+    assert naive[0].alerts["step_fired"].to_list() == [252, 305, 307, 360]
+
+
+def test_rules_without_a_corpus_run_of_their_kind_stay_quiet_where_they_do_not_apply(real_alarms):
+    """loss_drop targets data leaks and resets, P3 a flat eval while train falls: no real run
+    here has either; on the overfit run the eval loss moves, so P3 stays quiet."""
+    assert real_alarms[0]["loss_drop"][0] == {} and real_alarms[0]["P3_eval_stalled"][0] == {}

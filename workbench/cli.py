@@ -296,7 +296,7 @@ def replay(rules_file, runs_glob, store):
     default=1.0,
     show_default=True,
     metavar="FA",
-    help="False alarms per 1k steps allowed when picking a sweep's best point.",
+    help="False alarms per 1k steps allowed when picking a sweep's best point (and with --tune).",
 )
 @click.option(
     "--bootstrap",
@@ -306,42 +306,104 @@ def replay(rules_file, runs_glob, store):
     help="Bootstrap resamples over runs for the 95 % intervals (0: none).",
 )
 @click.option(
+    "--summary",
+    is_flag=True,
+    help="Per rule: first trigger step (mean ± std) on failed runs, trigger rate failed vs healthy "
+    "with 95 % intervals, recovery success, the failure kinds it catches; the rule x kind matrix, "
+    "the any-of-the-rules ensemble, the plateau predictors and the evaluation schedules.",
+)
+@click.option(
+    "--tune",
+    is_flag=True,
+    help="Pick each rule's parameters (its sweep; built-ins bring a grid) within --budget false "
+    "alarms per 1k steps, and score that pick by cross-validation over runs next to its "
+    "in-sample score (related runs, a run and its resume or restart, stay in one fold).",
+)
+@click.option(
+    "--folds",
+    default=None,
+    type=click.IntRange(2),
+    metavar="K",
+    help="With --tune: K folds of runs instead of leaving one run (group) out at a time.",
+)
+@click.option(
+    "--holdout",
+    "holdout_glob",
+    default=None,
+    metavar="GLOB",
+    help="With --tune: runs kept out of tuning, scored at the pick and at the shipped default.",
+)
+@click.option(
     "--out",
     "out_dir",
     default=None,
     type=click.Path(path_type=Path),
     metavar="DIR",
-    help="Also write backtest.json, rules.csv, rules.parquet, predictors.csv there.",
+    help="Also write backtest.json, rules.csv and rules.parquet, and the other tables as CSV there.",
 )
 @_store_option
 @_format_option
-def backtest(rules_file, runs_glob, horizon, lead, warmup, budget, bootstrap, out_dir, store, fmt):
+def backtest(
+    rules_file,
+    runs_glob,
+    horizon,
+    lead,
+    warmup,
+    budget,
+    bootstrap,
+    summary,
+    tune,
+    folds,
+    holdout_glob,
+    out_dir,
+    store,
+    fmt,
+):
     """Score rules (and each point of their sweeps) and convergence predictors on labelled runs.
 
     Trigger rates on failed vs healthy runs, recall within [onset - lead, onset + horizon],
     precision, false alarms per 1k steps, lead time and first-trigger step (mean, std, never
-    fired), 95 % bootstrap intervals over runs. Runs need labels: a labels.toml beside them,
-    `workbench label`, or evidence (NaN loss, loss-scale floor, crash) for automatic ones.
+    fired), 95 % bootstrap intervals over runs; per failure kind (the `kind` of each label), for
+    the ensemble of the rules at their own parameters, and with --tune the cross-validated pick.
+    Runs need labels: a labels.toml beside them, `workbench label`, or evidence (NaN loss,
+    loss-scale floor, crash) for automatic ones. JSON holds every table.
 
     \b
     Example:
-      workbench backtest
-      workbench backtest --rules detectors/guides.toml --horizon 200 --format json > scores.json
+      workbench backtest --summary
+      workbench backtest --runs 'tune/*' --tune --budget 0.5
+      workbench backtest --tune --holdout 'holdout/*' --format json > scores.json
     """
     from detectors.backtest import Settings, best_under_budget, frontier
     from detectors.backtest import backtest as run_backtest
     from workbench import render
 
+    if (folds or holdout_glob) and not tune:
+        raise click.UsageError("--folds and --holdout go with --tune")
     settings = Settings(horizon=horizon, lead=lead, warmup=warmup, bootstrap=bootstrap)
-    result = run_backtest(_store(store), _load_rules(rules_file), runs_glob, settings)
+    result = run_backtest(
+        _store(store),
+        _load_rules(rules_file),
+        runs_glob,
+        settings,
+        tune=tune,
+        budget=budget,
+        folds=folds,
+        holdout_glob=holdout_glob,
+    )
     if out_dir:
         result.write(out_dir)
     if fmt == "json":
         sys.stdout.write(result.to_json() + "\n")
     elif fmt == "csv":
-        sys.stdout.write(result.rules_frame().write_csv())
+        sys.stdout.write(render.csv_rows(result.summary if summary else result.rules))
     else:
-        render.backtest_report(result, budget, frontier, best_under_budget)
+        if summary:
+            render.backtest_summary(result)
+        else:
+            render.backtest_report(result, budget, frontier, best_under_budget)
+        if tune:
+            render.tuning_report(result)
 
 
 @main.command()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import sys
 
 import polars as pl
@@ -130,6 +131,7 @@ def backtest_report(result, budget: float, frontier, best_under_budget) -> None:
             str(r["never_fired"]),
         )
     out.print(table)
+    _ensemble_line(out, result.ensemble)
     swept = sorted({r["rule"] for r in result.rules if sum(x["rule"] == r["rule"] for x in result.rules) > 1})
     for rule_id in swept:
         front = frontier(result.rules, rule_id)
@@ -168,6 +170,202 @@ def backtest_report(result, budget: float, frontier, best_under_budget) -> None:
             " / ".join(_fmt(p[f"baseline_error_at_{f}"]) for f in (10, 25, 50)),
         )
     out.print(pt)
+
+
+def csv_rows(rows: list[dict]) -> str:
+    """Report rows as CSV (list values joined by spaces)."""
+    from detectors.backtest import table
+
+    return table(rows).write_csv() if rows else ""
+
+
+def _changed(params: str, default: str | None) -> str:
+    """The parameters of a pick that differ from the default's, as k=v."""
+    p, d = json.loads(params), json.loads(default or "{}")
+    diff = [f"{k}={v}" for k, v in p.items() if d.get(k) != v]
+    return ", ".join(diff) if diff else "= default"
+
+
+def _ci(lo, hi) -> str:
+    return f" ({_fmt(lo, True)}-{_fmt(hi, True)})" if lo is not None else ""
+
+
+def _ensemble_line(out: Console, e: dict | None) -> None:
+    if not e:
+        return
+    out.print(
+        f"[bold]Ensemble[/] (any of {len(e['members'])} rules at their own parameters): recall "
+        f"{_fmt(e['recall'], True)}{_ci(e['recall_ci_low'], e['recall_ci_high'])}, trigger rate failed "
+        f"{_fmt(e['trigger_rate_failed'], True)} vs healthy {_fmt(e['trigger_rate_healthy'], True)}, "
+        f"{_fmt(e['false_alarms_per_1k_healthy'])} false alarms per 1k healthy steps "
+        f"({_fmt(e['false_alarms_per_1k'])} on all negative stretches), median lead {_fmt(e['lead_time_median'])}",
+        highlight=False,
+    )
+
+
+def backtest_summary(result) -> None:
+    """The seed-style summary per rule, the rule x failure-kind matrix, the ensemble, and the
+    plateau predictors with the evaluation schedules they drive."""
+    out = Console()
+    s0 = result.rules[0] if result.rules else {}
+    out.print(
+        f"[bold]Backtest summary[/] over {result.runs} runs: {s0.get('runs_failed', 0)} failed, "
+        f"{s0.get('runs_healthy', 0)} healthy, {result.unknown_runs} unlabelled (left out)",
+        highlight=False,
+    )
+    table = Table(
+        "rule",
+        "eval",
+        "first trigger (failed)",
+        "trig fail (95% CI)",
+        "trig ok (95% CI)",
+        "separation",
+        "recall",
+        "FA/1k ok",
+        "lead med",
+        "recovered",
+        "catches",
+        header_style="bold",
+    )
+    for r in result.summary:
+        first = (
+            "-"
+            if r["first_trigger_mean"] is None
+            else f"{r['first_trigger_mean']:.0f} ± {_fmt(r['first_trigger_std'])}"
+        )
+        recovered = (
+            f"{r['recoveries_healthy']}/{r['recoveries_after_alarm']}" if r["recoveries_after_alarm"] else "-"
+        )
+        table.add_row(
+            escape(r["rule"]),
+            str(r["runs_evaluable"]),
+            f"{first} ({r['never_fired']} never)",
+            _fmt(r["trigger_rate_failed"], True)
+            + _ci(r["trigger_rate_failed_ci_low"], r["trigger_rate_failed_ci_high"]),
+            _fmt(r["trigger_rate_healthy"], True)
+            + _ci(r["trigger_rate_healthy_ci_low"], r["trigger_rate_healthy_ci_high"]),
+            _fmt(r["separation"], True),
+            _fmt(r["recall"], True),
+            _fmt(r["false_alarms_per_1k_healthy"]),
+            _fmt(r["lead_time_median"]),
+            recovered,
+            escape(", ".join(r["kinds_caught"])),
+        )
+    out.print(table)
+    _kind_matrix(out, result)
+    _ensemble_line(out, result.ensemble)
+    _predictors(out, result)
+
+
+def _kind_matrix(out: Console, result) -> None:
+    """Detected / evaluable runs per rule (at its own parameters) and failure kind; healthy: fired / evaluable."""
+    defaults = {(r["rule"], r["params"]) for r in result.rules if r["default"]}
+    cells: dict[str, dict[str, dict]] = {}
+    for k in result.kinds:
+        if (k["rule"], k["params"]) in defaults or k["rule"] == "ensemble":
+            cells.setdefault(k["rule"], {})[k["kind"]] = k
+    kinds = sorted({k for row in cells.values() for k in row} - {"healthy"}) + ["healthy"]
+    table = Table(
+        "rule", *map(escape, kinds), header_style="bold", title="detected / evaluable runs per failure kind"
+    )
+    for rule_id, row in cells.items():
+        vals = []
+        for kind in kinds:
+            c = row.get(kind)
+            if not c or not c["evaluable"]:
+                vals.append("[dim]-[/]")
+                continue
+            n = c["triggered"] if kind == "healthy" else c["detected"]
+            vals.append(f"{n}/{c['evaluable']}")
+        table.add_row(escape(rule_id), *vals)
+    out.print(table)
+
+
+def _predictors(out: Console, result) -> None:
+    pt = Table(
+        "predictor",
+        "plateau calls",
+        "came true",
+        "precision",
+        "plateaus found",
+        "timing err",
+        "plateau-step err @10/25/50%",
+        "final-loss err @10/25/50%",
+        "last-value err @10/25/50%",
+        header_style="bold",
+        title="'plateau within 200 steps' and final-loss forecasts",
+    )
+    for p in result.predictors:
+        found = "-" if p["recall"] is None else f"{_fmt(p['recall'], True)} of {p['plateaus']}"
+        pt.add_row(
+            p["predictor"],
+            _fmt(p["calls"]),
+            _fmt(p["calls_true"]),
+            _fmt(p["precision"], True),
+            found,
+            _fmt(p["timing_error_median"]),
+            " / ".join(_fmt(p[f"plateau_step_error_at_{f}"]) for f in (10, 25, 50)),
+            " / ".join(_fmt(p[f"final_loss_error_at_{f}"]) for f in (10, 25, 50)),
+            " / ".join(_fmt(p[f"baseline_error_at_{f}"]) for f in (10, 25, 50)),
+        )
+    out.print(pt)
+    if not result.schedule:
+        return
+    s0 = result.schedule[0]
+    st = Table(
+        "schedule driven by",
+        "evals (fixed)",
+        "evals (dynamic)",
+        "saved",
+        "knees",
+        "knees missed",
+        header_style="bold",
+        title=f"evaluate every {s0['eval_every']} steps, {s0['stretch']}x as far apart while the predictor calls a plateau",
+    )
+    for s in result.schedule:
+        st.add_row(
+            s["predictor"],
+            str(s["fixed_evals"]),
+            str(s["dynamic_evals"]),
+            _fmt(s["evals_saved"], True),
+            str(s["knees"]),
+            str(s["knees_missed"]),
+        )
+    out.print(st)
+
+
+def tuning_report(result) -> None:
+    """Per tuned rule: the pick in-sample and cross-validated (and on the holdout runs)."""
+    out = Console()
+    if not result.tuning:
+        out.print("No rule has more than one parameter point to pick among.")
+        return
+    t0 = result.tuning[0]
+    holdout = any(t["holdout_runs"] for t in result.tuning)
+    cols = ["rule", "picked", "agree", "in-sample recall / FA", "cross-val recall / FA", "optimism"]
+    if holdout:
+        cols += [f"holdout ({t0['holdout_runs']} runs) picked", "holdout default"]
+    table = Table(
+        *cols,
+        header_style="bold",
+        title=f"tuning within {t0['budget']:g} FA/1k, {t0['folds']} folds",
+    )
+    for t in result.tuning:
+        row = [
+            escape(t["rule"]),
+            escape(_changed(t["picked_params"], t["default_params"])),
+            _fmt(t["pick_agreement"], True),
+            f"{_fmt(t['in_sample_recall'], True)} / {_fmt(t['in_sample_false_alarms_per_1k'])}",
+            f"{_fmt(t['cv_recall'], True)} / {_fmt(t['cv_false_alarms_per_1k'])}",
+            _fmt(t["optimism_recall"], True),
+        ]
+        if holdout:
+            row += [
+                f"{_fmt(t['holdout_recall'], True)} / {_fmt(t['holdout_false_alarms_per_1k'])}",
+                f"{_fmt(t['default_holdout_recall'], True)} / {_fmt(t['default_holdout_false_alarms_per_1k'])}",
+            ]
+        table.add_row(*row)
+    out.print(table)
 
 
 def lineage_tree(node) -> None:
