@@ -840,7 +840,9 @@ class OverfitGap(Detector):
 @dataclass(frozen=True)
 class MemoryPressure(Detector):
     """Memory above `percent` % of its budget: GPU reserved memory (OLMo-core gpu_memory_monitor
-    warns at 95), or RSS against a memory limit, whichever the run logs (`metrics`, first found).
+    warns at 95), or RSS against a memory limit, whichever the run logs (`metrics`, first found);
+    a run that logs no percentage but reserved (or process) memory and the total (torch.cuda
+    memory stats, nvidia-smi's memory.used/memory.total) gets it derived.
 
     Targets memory_leak, shortly before the OOM kill: 2/2 corpus (about 50 steps after the
     onset). Healthy: 0/1 (only one healthy corpus run logs a budget).
@@ -852,7 +854,17 @@ class MemoryPressure(Detector):
     grid = {"percent": [70.0, 80.0, 90.0, 95.0]}
 
     def conditions(self, data):
-        s = _first_series(data, self.metrics, self.id)
+        try:
+            s = _first_series(data, self.metrics, self.id)
+        except ReplayError:  # no percentage logged: reserved (or used) memory against the total
+            used = _first_series(data, ("memory_reserved_gb", "memory_gb"), self.id)
+            total = _first_series(data, ("memory_total_gb",), self.id).select("rid", "step", total="value")
+            s = used.join_asof(total.sort("rid", "step"), on="step", by="rid", check_sortedness=False)
+            s = (
+                s.drop_nulls("total")
+                .with_columns(value=100 * pl.col("value") / pl.col("total"))
+                .drop("total")
+            )
         frame = s.select(
             "rid", "key", "step", cond=(pl.col("value") > self.percent).fill_null(False), _l0="value"
         )

@@ -104,3 +104,22 @@ def test_every_guide_and_built_in_rule_is_evaluable_on_the_samples(tmp_path):
     assert result.skipped == {}
     assert {r.id for r in default_rules()} == set(result.evaluable)
     assert min(len(runs) for runs in result.evaluable.values()) >= 2
+
+
+def test_memory_percentage_is_derived_from_reserved_and_total(tmp_path):
+    """A run that logs torch.cuda-style reserved memory and the device total, no percentage."""
+    from writers import tbx_scalars
+
+    reserved = [(s, 20.0 + 0.5 * s) for s in range(60)]  # GB, creeping up to 49.5 of 50
+    tbx_scalars(
+        tmp_path / "r/gpu",
+        {
+            "gpu_memory/reserved_gb": reserved,
+            "gpu_memory/total_gb": [(0, 50.0)],
+            "loss": [(s, 1.0) for s in range(60)],
+        },
+    )
+    s = Store(tmp_path / "store")
+    ingest_paths(s, tmp_path / "r")
+    first = fired(s, MemoryPressure())
+    assert first == {"gpu": next(step for step, gb in reserved if 100 * gb / 50 > 90)}

@@ -35,6 +35,8 @@ BUILTIN: list[tuple[str, str]] = [
         "memory_allocated_gb",
         r"memallocated|memory[/_]allocated(_gb)?",
     ),  # the accelerator's (DeepSpeed, torch.cuda)
+    ("memory_reserved_gb", r"(gpu_)?memory[/_ ](max_)?reserved(_gb)?|max_memory_reserved(_gb)?"),
+    ("memory_total_gb", r"(gpu_)?memory[/_ ]total(_gb)?|memory/budget_gb|memory\.total"),
     (
         "memory_reserved_pct",
         r"memory/rss_pct_of_budget|(gpu_)?memory[/_ ]reserved[_ ]?(pct|percent|%)|gpu_memory/gpu reserved mem \(%\)",
