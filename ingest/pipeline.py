@@ -49,6 +49,10 @@ class IngestReport:
     notes: list[tuple[str, str]] = field(default_factory=list)
     labels: int = 0
     seconds: float = 0.0
+    # (run_id, path, source, chunk_id) of every chunk written: what a live watch reads next
+    chunks: list[tuple[str, str, str, int]] = field(default_factory=list)
+    # runs that had a file dropped and read again (rewritten, truncated, rotated)
+    reread: set[str] = field(default_factory=set)
 
     @property
     def log_files(self) -> int:
@@ -171,6 +175,9 @@ def ingest(
                 continue
             if action == "reread" and prev is not None:
                 w.drop_file(key)
+                report.reread.add(run_id)
+                if by_name[f.format].appendable and (prev["run_id"], prev["format"]) == (run_id, f.format):
+                    _note_rewrite(w, f, run_id, prev, report)
             plans.append((f, run_id, offset, prev if action == "append" else None))
         # configuration first (ds_config, hparams): other files of the run may need it
         plans.sort(key=lambda p: (p[1], not by_name[p[0].format].is_config, str(p[0].path)))
@@ -183,6 +190,32 @@ def ingest(
         w.commit(derive={"lineage": lineage.build})
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _note_rewrite(w: StoreWriter, f: Found, run_id: str, prev: dict, report: IngestReport) -> None:
+    """A log that should only grow was truncated, rotated or rewritten: it is read again from
+    the start, and the problems table says so."""
+    size = f.path.stat().st_size
+    why = "is shorter than" if size < prev["consumed"] else "changed before"
+    problem = Problem(
+        0,
+        "rewritten",
+        f"file {why} the {prev['consumed']} bytes read before (now {size} bytes): "
+        "truncated, rotated or rewritten; its points were dropped and it is read again from the start",
+    )
+    report.problems.append((str(f.path), problem))
+    w.add(
+        "problems",
+        [
+            {
+                "path": str(f.path),
+                "run_id": run_id,
+                "offset": 0,
+                "kind": problem.kind,
+                "message": problem.message,
+            }
+        ],
+    )
 
 
 def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: IngestReport) -> None:
@@ -261,7 +294,10 @@ def _read_file(
     ctx = ReadContext(run_id, state=state, plugins=w.plugins(run_id), run_config=w.run_config(run_id))
     try:
         for batch in ingestor.read(f.path, offset, ctx):
-            w.add_chunk(run_id, key, ingestor.name, batch.start, batch.end, batch.points, batch.events)
+            chunk_id = w.add_chunk(
+                run_id, key, ingestor.name, batch.start, batch.end, batch.points, batch.events
+            )
+            report.chunks.append((run_id, key, ingestor.name, chunk_id))
             if batch.problems:
                 w.add(
                     "problems",

@@ -188,9 +188,21 @@ class StoreWriter:
         """Insert or replace a file's manifest row."""
         self._replace("files", pl.col("path") != row["path"], [row])
 
-    def set_alerts(self, rule_ids: list[str], runs: list[str], alerts: pl.DataFrame) -> None:
-        """Replace the alerts of these rules on these runs (a replay's selection)."""
-        self._replace("alerts", ~(pl.col("rule").is_in(rule_ids) & pl.col("run_id").is_in(runs)), alerts)
+    def set_alerts(
+        self, rule_ids: list[str], runs: list[str], alerts: pl.DataFrame, source: str = "replay"
+    ) -> None:
+        """Replace the alerts from `source` (a replay, or a live watch) of these rules on these
+        runs; rows without `raised_at` get null."""
+        if source not in schema.ALERT_SOURCES:
+            raise ValueError(f"alert source must be one of {schema.ALERT_SOURCES}, got {source!r}")
+        if "raised_at" not in alerts.columns:
+            alerts = alerts.with_columns(raised_at=pl.lit(None, pl.Float64))
+        mine = (pl.col("source") == source) | pl.col("source").is_null()  # null: stored before sources
+        self._replace(
+            "alerts",
+            ~(mine & pl.col("rule").is_in(rule_ids) & pl.col("run_id").is_in(runs)),
+            alerts.with_columns(source=pl.lit(source)),
+        )
 
     def set_labels(self, origin: str, rows: list[dict]) -> None:
         """Replace the labels that came from `origin` (a labels.toml, or the CLI for one run)."""
