@@ -446,7 +446,11 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
             continue
         by = UNIT if name.is_glob else ["rid"]
         right = s.select(*by, "step", pl.col("value").alias(col))
+        if globbed and not name.is_glob:  # several tags per run: as-of needs the run's rows in step order
+            grid = grid.sort("rid", "step", "key")
         grid = grid.join_asof(right, on="step", by=by, strategy="backward", check_sortedness=False)
+    if globbed:
+        grid = grid.sort(*UNIT, "step")
     data.cache[ck] = grid
     grid = grid.with_columns(cond=expr.fill_null(False))
     texts = [_text(node) for _, (c, node) in leaves.items()]
