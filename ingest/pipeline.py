@@ -107,8 +107,11 @@ def ingest(
     hash_checkpoints: bool = False,
     wait_s: float = 60.0,
     console: Console | None = None,
+    light: bool = False,
 ) -> IngestReport:
-    """Ingest every log under `paths` into `store`; per-file problems are reported, not raised."""
+    """Ingest every log under `paths` into `store`; per-file problems are reported, not raised.
+    `light`: a poll of a live watch, which commits every second: lineage and catalog.duckdb
+    are left as they were (the watch refreshes them now and then)."""
     console = console or Console(stderr=True)
     report = IngestReport()
     t0 = time.perf_counter()
@@ -187,7 +190,10 @@ def ingest(
             for f, run_id, offset, prev in plans:
                 progress.update(task, description=f.path.name[-40:])
                 _read_file(w, by_name[f.format], f, run_id, offset, prev, report, progress, task)
-        w.commit(derive={"lineage": lineage.build})
+        if light:
+            w.commit(catalog=False)
+        else:
+            w.commit(derive={"lineage": lineage.build})
     report.seconds = time.perf_counter() - t0
     return report
 

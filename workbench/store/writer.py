@@ -246,11 +246,13 @@ class StoreWriter:
         df = self.table("files").filter(pl.col("path") == path)
         return df.row(0, named=True) if df.height else None
 
-    def commit(self, derive: dict[str, Derive] | None = None) -> Path:
+    def commit(self, derive: dict[str, Derive] | None = None, catalog: bool = True) -> Path:
         """Publish everything staged as a new generation; returns its directory.
 
         `derive` computes tables of DERIVED_TABLES from the views of the new generation; the
         derived tables it does not name are carried over from the previous generation.
+        `catalog=False` leaves catalog.duckdb on an earlier generation (kept until the next
+        catalog is written): for writers that commit every second (a live watch).
         """
         self._flush_parts()
         self.generation += 1
@@ -277,7 +279,8 @@ class StoreWriter:
             self.tables[t] = self.table(t)
             self._new[t] = []
         self.previous = final
-        self._write_catalog(final)
+        if catalog:
+            self._write_catalog(final)
         return final
 
     def _derive(self, gen: Path, derive: dict[str, Derive]) -> None:
@@ -311,6 +314,7 @@ class StoreWriter:
         finally:
             con.close()
         os.replace(tmp, self.root / "catalog.duckdb")
+        (self.root / layout.CATALOG_GENERATION).write_text(gen.name + "\n")
 
     def _collect_garbage(self) -> None:
         """Remove what no live generation refers to: parts of killed ingests, old generations."""
@@ -323,6 +327,9 @@ class StoreWriter:
                 shutil.rmtree(p, ignore_errors=True)
         current = layout.current_generation(self.root)
         keep = [g for g in gens if current is not None and g <= current][-2:]  # readers may lag one
+        catalog = layout.catalog_generation(self.root)  # catalog.duckdb's views read it
+        if catalog in gens and catalog not in keep:
+            keep.append(catalog)
         for g in gens:
             if g not in keep:
                 shutil.rmtree(g, ignore_errors=True)
