@@ -117,6 +117,12 @@ class SeriesData:
 
     def resolve(self, name: Name) -> pl.DataFrame:
         """(rid, tid, key) rows: which tag stands for `name` in each run (key = tid for globs, else -1)."""
+        ck = ("resolve", name.name, name.quoted)
+        if ck not in self.cache:
+            self.cache[ck] = self._resolve(name)
+        return self.cache[ck]
+
+    def _resolve(self, name: Name) -> pl.DataFrame:
         t = self.tags_frame
         if name.is_glob:
             hit = t.filter(pl.col("tag").str.contains("^" + aliases.glob_regex(name.name) + "$"))
@@ -244,8 +250,10 @@ def fold_seed(fn: str, n: float, s: pl.DataFrame, seed: pl.DataFrame | None) -> 
 
 
 def _starts(rid: pl.Series, key: pl.Series) -> np.ndarray:
-    change = (rid.diff().fill_null(1) != 0) | (key.diff().fill_null(1) != 0)
-    return np.r_[np.flatnonzero(change.to_numpy()), len(rid)].astype(np.int64)
+    """Row offsets where each (rid, key) group starts in a frame sorted by them, plus the end."""
+    r, k = rid.to_numpy(), key.to_numpy()
+    change = np.r_[True, (r[1:] != r[:-1]) | (k[1:] != k[:-1])] if len(r) else np.zeros(0, bool)
+    return np.r_[np.flatnonzero(change), len(r)].astype(np.int64)
 
 
 @njit(cache=True, nogil=True)
@@ -587,6 +595,8 @@ def stream_alerts(
         int(rule.cooldown),
         *(state[c] for c in STREAK_STATE),
     )
+    if not len(group):
+        return pl.DataFrame(schema=ALERT_SCHEMA), extended
     first_rows = starts[:-1][group]
     carried = fired < 0
     if carried.any():

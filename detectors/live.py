@@ -255,10 +255,13 @@ class LiveEvaluator:
             st.counts[tag] = st.counts.get(tag, 0) + n
         st.tail = pl.concat([tail, new.select(*_TAIL)]).sort("tag", "step")
 
-    def mark_final(self, run_id: str, final: bool = True) -> None:
-        """A finished (or stale) run: every step it logged is final."""
-        if run_id in self.runs:
-            self.runs[run_id].final = final
+    def mark_final(self, run_id: str, final: bool = True) -> bool:
+        """A finished (or stale) run: every step it logged is final. True when that changed."""
+        st = self.runs.get(run_id)
+        if st is None or st.final == final:
+            return False
+        st.final = final
+        return True
 
     # ---- evaluation -------------------------------------------------------------------------
     def evaluate(self, run_ids: list[str], now: float | None = None) -> tuple[Update, set[str]]:

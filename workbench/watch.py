@@ -103,8 +103,8 @@ class Watch:
             )
         gen = self.store.current_generation()
         changed = self._feed(gen, report)
-        self._update_status(gen, sorted(report.runs), changed, now, final)
-        update, again = self.evaluator.evaluate(sorted(self.runs), now)
+        changed |= self._update_status(gen, sorted(report.runs), changed, now, final)
+        update, again = self.evaluator.evaluate(sorted(changed), now)
         while again:  # inputs changed under a rule: evaluate those runs again from their start
             for run_id in sorted(again):
                 self._reload(run_id)
@@ -221,6 +221,7 @@ class Watch:
             .len()
             .iter_rows()
         )
+        now_final = set()
         for run_id in run_ids:
             view = self.runs.setdefault(run_id, RunView())
             state = self.evaluator.runs.get(run_id)
@@ -241,7 +242,10 @@ class Watch:
             if view.status == "running" and now - view.last_growth > self.stale_after:
                 view.status = "stale"
                 self.console.print(f"[dim]{escape(run_id)}: no new data for {self.stale_after:g}s (stale)[/]")
-            self.evaluator.mark_final(run_id, final or view.status != "running")
+            is_final = final or view.status != "running"
+            if self.evaluator.mark_final(run_id, is_final) and is_final:
+                now_final.add(run_id)
+        return now_final
 
     def _announce(self, update) -> None:
         history = self.polls == 0 and not self.notify_history
