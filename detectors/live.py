@@ -191,9 +191,10 @@ class LiveEvaluator:
     def add(
         self, run_id: str, points: pl.DataFrame, events: pl.DataFrame | None = None, sources=None
     ) -> bool:
-        """New current points of a run (NEW_POINTS columns plus `source`), in step order per tag
-        and source. False (nothing taken) when they touch steps already evaluated or supersede
-        earlier points: `reset` the run and add all its current points."""
+        """New points of a run (NEW_POINTS columns plus `source`), in the order they were
+        written. False (nothing taken) when they touch steps already evaluated or supersede
+        earlier points (a source logging a step again): `reset` the run and add all its
+        current points."""
         st = self.runs.setdefault(run_id, RunState())
         points = points.select(*NEW_POINTS, "source").cast({**NEW_POINTS, "source": pl.String})
         events = (
@@ -214,6 +215,9 @@ class LiveEvaluator:
 
     def _late(self, st: RunState, points: pl.DataFrame, events: pl.DataFrame) -> bool:
         if points.height:
+            rewinds = points.group_by("tag", "rank").agg(back=(pl.col("step").diff() <= 0).any())
+            if rewinds["back"].any():
+                return True  # a source logs a step again within these points
             first = points.group_by("tag", "rank").agg(pl.col("step").min())
             for tag, rank, step in first.iter_rows():
                 if step <= st.seen.get((tag, rank), -INF):

@@ -164,8 +164,8 @@ class Watch:
         )
         if evs:
             events = pl.read_parquet(evs, columns=["chunk_id", "step", "kind", "attrs"])
-        points = points.join(chunks, on="chunk_id").sort("chunk_id")
-        events = events.join(chunks, on="chunk_id").sort("chunk_id")
+        points = points.join(chunks, on="chunk_id").sort("chunk_id", maintain_order=True)
+        events = events.join(chunks, on="chunk_id").sort("chunk_id", maintain_order=True)
         by_run_p = (
             {k[0]: v for k, v in points.partition_by("run_id", as_dict=True).items()} if points.height else {}
         )
