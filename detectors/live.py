@@ -141,6 +141,17 @@ class Update:
     runs: set[str] = field(default_factory=set)  # runs whose stored live alerts changed
 
 
+def _view(tail: pl.DataFrame, start: dict[str, int], whole: set[str]) -> pl.DataFrame:
+    """The points of each tag from its `start` on (all of them for the tags in `whole`)."""
+    if not start:
+        return tail
+    lim = pl.DataFrame(
+        {"tag": list(start), "s": [0 if t in whole else s for t, s in start.items()]},
+        schema={"tag": pl.String, "s": pl.Int64},
+    )
+    return tail.join(lim, on="tag", how="left").filter(pl.col("i") >= pl.col("s").fill_null(0)).drop("s")
+
+
 class _Recording(SeriesData):
     """SeriesData that notes which tags and whether events a rule read (its inputs)."""
 
@@ -298,13 +309,8 @@ class LiveEvaluator:
         pts, ev, counts, seeds = [], [], [], {}
         for r in runs:
             st = self.runs[r]
-            tail = st.tail
-            if not full and st.start:
-                starts = pl.DataFrame(
-                    {"tag": list(st.start), "s": list(st.start.values())},
-                    schema={"tag": pl.String, "s": pl.Int64},
-                )
-                tail = tail.join(starts, on="tag", how="left").filter(pl.col("i") >= pl.col("s").fill_null(0))
+            whole = self._whole(st) if full else set()
+            tail = st.tail if whole is None else _view(st.tail, st.start, whole)
             pts.append(tail.select("tag", "metric", "step", "value").with_columns(run_id=pl.lit(r)))
             ev.append(st.events.select("step", "kind", "attrs").with_columns(run_id=pl.lit(r)))
             counts.append(
@@ -455,16 +461,19 @@ class LiveEvaluator:
         self._fold_seeds(st, data, run_id, moved)
         st.start.update(moved)
         st.trimmed = True
-        if not self.unbounded:
-            lim = pl.DataFrame(
-                {"tag": list(st.start), "s": list(st.start.values())},
-                schema={"tag": pl.String, "s": pl.Int64},
-            )
-            st.tail = (
-                st.tail.join(lim, on="tag", how="left")
-                .filter(pl.col("i") >= pl.col("s").fill_null(0))
-                .drop("s")
-            )
+        whole = self._whole(st)
+        if whole is not None:  # let go of what no rule reads any more
+            st.tail = _view(st.tail, st.start, whole)
+
+    def _whole(self, st: RunState) -> set[str] | None:
+        """Tags whose whole history the rules without a bounded context read in this run
+        (None: not known yet)."""
+        out: set[str] = set()
+        for rule_id in self.unbounded:
+            if rule_id not in st.reads:
+                return None
+            out |= st.reads[rule_id][0]
+        return out
 
     def _fold_seeds(self, st: RunState, data: _Recording, run_id: str, moved: dict[str, int]) -> None:
         """Carry each seeded leaf (ema, max_first) over the points leaving its tag's view."""
