@@ -100,7 +100,6 @@ def _seeded_leaves(rule: Rule) -> list[Call]:
 class Alert:
     row: dict  # the ALERT columns
     raised_at: float
-    known: bool = False  # raised before (kept across a re-evaluation): not raised again
 
 
 @dataclass
@@ -120,6 +119,7 @@ class RunState:
     alerts: dict[str, list[Alert]] = field(default_factory=dict)  # rule -> alerts, in order
     prior: dict[str, list[Alert]] = field(default_factory=dict)  # before a re-evaluation
     trimmed: bool = False
+    idle: dict[str, int] = field(default_factory=dict)  # rule -> tags known when it was not evaluable
 
     def watermark(self, tag: str) -> float:
         steps = [s for (t, _), s in self.seen.items() if t == tag]
@@ -199,9 +199,7 @@ class LiveEvaluator:
             state.final = old.final
         self.runs[run_id] = state
 
-    def add(
-        self, run_id: str, points: pl.DataFrame, events: pl.DataFrame | None = None, sources=None
-    ) -> bool:
+    def add(self, run_id: str, points: pl.DataFrame, events: pl.DataFrame | None = None) -> bool:
         """New points of a run (NEW_POINTS columns plus `source`), in the order they were
         written. False (nothing taken) when they touch steps already evaluated or supersede
         earlier points (a source logging a step again): `reset` the run and add all its
@@ -220,8 +218,8 @@ class LiveEvaluator:
             for src, step in (
                 events.drop_nulls("step").group_by("source").agg(pl.col("step").max()).iter_rows()
             ):
-                st.ev_seen[src] = max(st.ev_seen.get(src, -1 << 62), step)
-                st.src_seen[src] = max(st.src_seen.get(src, -1 << 62), step)
+                st.ev_seen[src] = max(st.ev_seen.get(src, -INF), step)
+                st.src_seen[src] = max(st.src_seen.get(src, -INF), step)
         return True
 
     def _late(self, st: RunState, points: pl.DataFrame, events: pl.DataFrame) -> bool:
@@ -249,9 +247,9 @@ class LiveEvaluator:
 
     def _merge(self, st: RunState, points: pl.DataFrame) -> None:
         for tag, rank, step in points.group_by("tag", "rank").agg(pl.col("step").max()).iter_rows():
-            st.seen[(tag, rank)] = max(st.seen.get((tag, rank), -1 << 62), step)
+            st.seen[(tag, rank)] = max(st.seen.get((tag, rank), -INF), step)
         for src, step in points.group_by("source").agg(pl.col("step").max()).iter_rows():
-            st.src_seen[src] = max(st.src_seen.get(src, -1 << 62), step)
+            st.src_seen[src] = max(st.src_seen.get(src, -INF), step)
         # one current point per tag and step: the lowest source rank (as the `scalars` view)
         new = points.drop("source").sort("tag", "step", "rank").unique(["tag", "step"], keep="first")
         tail = st.tail
@@ -261,10 +259,9 @@ class LiveEvaluator:
             if better.height:  # a better source for a pending step: replace its value
                 tail = tail.update(better, on=["tag", "step"])
             new = new.join(tail.select("tag", "step"), on=["tag", "step"], how="anti")
-        base = {t: n for t, n in st.counts.items()}
         new = new.sort("tag", "step").with_columns(
             i=pl.int_range(pl.len(), dtype=pl.Int64).over("tag")
-            + pl.col("tag").replace_strict(base, default=0, return_dtype=pl.Int64)
+            + pl.col("tag").replace_strict(st.counts, default=0, return_dtype=pl.Int64)
         )
         for tag, n in new.group_by("tag").len().iter_rows():
             st.counts[tag] = st.counts.get(tag, 0) + n
@@ -293,8 +290,11 @@ class LiveEvaluator:
         bounded = self._data(runs, full=False)
         full = self._data(runs, full=True) if self.unbounded else None
         for rule in self.rules:
-            data = full if rule.id in self.unbounded else bounded
-            self._evaluate_rule(rule, data, runs, now, update, again)
+            # a rule that was not evaluable on these runs is not until a new tag appears
+            todo = [r for r in runs if self.runs[r].idle.get(rule.id) != len(self.runs[r].counts)]
+            if todo:
+                data = full if rule.id in self.unbounded else bounded
+                self._evaluate_rule(rule, data, todo, now, update, again)
         for r in runs:
             st = self.runs[r]
             for prior in st.prior.values():
@@ -371,6 +371,8 @@ class LiveEvaluator:
             elif before is None and inputs != (frozenset(), False) and st.trimmed:
                 again.add(r)
             st.reads[rule.id] = inputs
+            if r not in ok:
+                st.idle[rule.id] = len(st.counts)
             if r not in ok or r in again:
                 continue
             tags, events = inputs
@@ -418,7 +420,7 @@ class LiveEvaluator:
             )
             if match is not None:
                 prior.remove(match)
-                alert = Alert(row, match.raised_at, known=True)
+                alert = Alert(row, match.raised_at)  # found again: raised before, not raised again
             else:
                 alert = Alert(row, now)
                 update.raised.append(row | {"raised_at": now})

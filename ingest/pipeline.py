@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,10 +109,13 @@ def ingest(
     wait_s: float = 60.0,
     console: Console | None = None,
     light: bool = False,
+    stage: Callable[[StoreWriter], bool] | None = None,
 ) -> IngestReport:
     """Ingest every log under `paths` into `store`; per-file problems are reported, not raised.
     `light`: a poll of a live watch, which commits every second: lineage and catalog.duckdb
-    are left as they were (the watch refreshes them now and then)."""
+    are left as they were (the watch refreshes them now and then), and a poll that found no new
+    bytes and staged nothing commits nothing. `stage` adds the caller's own changes to the
+    same commit (a watch's alerts) and says whether it added any."""
     console = console or Console(stderr=True)
     report = IngestReport()
     t0 = time.perf_counter()
@@ -190,7 +194,10 @@ def ingest(
             for f, run_id, offset, prev in plans:
                 progress.update(task, description=f.path.name[-40:])
                 _read_file(w, by_name[f.format], f, run_id, offset, prev, report, progress, task)
-        if light:
+        staged = stage(w) if stage is not None else False
+        if light and not plans and not staged:
+            pass  # nothing new: no new generation every second while a watched run is idle
+        elif light:
             w.commit(catalog=False)
         else:
             w.commit(derive={"lineage": lineage.build})

@@ -9,9 +9,9 @@ store (`alerts`, source 'live', with the time they were raised), the terminal an
 notifiers. A run whose earlier steps changed (a resumed writer, a rewritten file) is reloaded
 from the store and evaluated again.
 
-Polls happen every `interval` seconds, and sooner when the file system says something under
-the paths changed (watchdog; on network file systems, where no events come, the interval
-alone). A run with an end marker in its logs (evidence: completed, crashed, diverged) is
+Polls start every `interval` seconds, and sooner (at most twice an interval) when the file
+system says something under the paths changed (watchdog; on network file systems, where no
+events come, the interval alone). A run with an end marker in its logs (evidence: completed, crashed, diverged) is
 finished; one that has not grown for `stale_after` seconds is stale; both have every step
 evaluated. With `until_finished`, the watch returns once every run it follows has finished.
 """
@@ -85,6 +85,7 @@ class Watch:
         self.notify_history = notify_history
         self._refreshed = time.time()
         self._metric: dict[str, str | None] = {}
+        self._unstored: set[str] = set()  # runs whose live alerts changed since the last commit
 
     # ---- one poll ---------------------------------------------------------------------------
     def poll(self, final: bool = False) -> PollResult:
@@ -94,7 +95,13 @@ class Watch:
         t0 = time.perf_counter()
         now = time.time()
         full = final or now - self._refreshed >= REFRESH_S
-        report = ingest(self.paths, self.store, console=Console(stderr=True, quiet=True), light=not full)
+        report = ingest(
+            self.paths,
+            self.store,
+            console=Console(stderr=True, quiet=True),
+            light=not full,
+            stage=self._stage,
+        )
         if full:
             self._refreshed = now
         for path, p in report.problems:  # this poll's: the files it read
@@ -113,18 +120,24 @@ class Watch:
             update.extended += more.extended
             update.withdrawn += more.withdrawn
             update.runs |= more.runs
-        if update.runs:
+        self._unstored |= update.runs
+        if final and self._unstored:
             with self.store.writer() as w:
-                w.set_alerts(
-                    [r.id for r in self.rules],
-                    sorted(update.runs),
-                    self.evaluator.alerts(sorted(update.runs)),
-                    source="live",
-                )
-                w.commit(catalog=full)
+                self._stage(w)
+                w.commit()
         self._announce(update)
         self.polls += 1
         return PollResult(update.raised, update.extended, update.withdrawn, time.perf_counter() - t0)
+
+    def _stage(self, w) -> bool:
+        """The live alerts of the runs whose alerts changed since the last commit (they ride
+        along with the next poll's ingest commit: stored one poll after they were sent)."""
+        if not self._unstored:
+            return False
+        runs = sorted(self._unstored)
+        w.set_alerts([r.id for r in self.rules], runs, self.evaluator.alerts(runs), source="live")
+        self._unstored = set()
+        return True
 
     def _feed(self, gen: Path, report) -> set[str]:
         """New points and events of the chunks this ingest wrote, to the evaluator; runs not
@@ -331,10 +344,11 @@ class Watch:
                     on_poll(result)
                 if until_finished and self.all_finished():
                     break
-                # wake on a file-system event (after a short pause that gathers a burst of
-                # writes), else after the interval
-                if changed.wait(max(0.0, interval - result.seconds)):
-                    stop.wait(min(0.1, interval / 5))
+                # the next poll starts `interval` after this one, or as soon as a file-system
+                # event says something was written, but no sooner than half an interval after
+                # this one began (a job writing every step would otherwise keep a core busy)
+                stop.wait(max(0.0, interval / 2 - result.seconds))
+                changed.wait(max(0.0, interval - max(interval / 2, result.seconds)))
         except KeyboardInterrupt:
             pass
         finally:
