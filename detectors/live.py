@@ -187,6 +187,7 @@ class LiveEvaluator:
         self.ev_ctx = {r.id: event_context(r) for r in rules}
         self.unbounded = {r.id for r in rules if self.ctx[r.id] is None}
         self.runs: dict[str, RunState] = {}
+        self.not_evaluable: dict[str, str] = {}  # rule -> why, while it is evaluable on no run
 
     # ---- input ------------------------------------------------------------------------------
     def reset(self, run_id: str) -> None:
@@ -351,9 +352,12 @@ class LiveEvaluator:
                 frame, texts, ok = rule.detector.conditions(data)
             else:
                 frame, texts, ok = conditions(rule, data)
-        except ReplayError:
+        except ReplayError as e:
             frame, texts, ok = None, [], []
+            self.not_evaluable[rule.id] = str(e)
         ok = set(ok)
+        if ok:
+            self.not_evaluable.pop(rule.id, None)
         reads = (
             pl.concat(data.reads) if data.reads else pl.DataFrame(schema={"rid": pl.Int32, "tid": pl.Int32})
         )

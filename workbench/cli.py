@@ -439,5 +439,13 @@ def watch(paths, rules_file, store, interval, notify_cmd, notify_url, until_fini
 
     rules = _load_rules(rules_file) or default_rules()
     sinks = notifiers(notify_cmd, notify_url, lambda msg: err.print(f"[yellow]notify:[/] {escape(msg)}"))
-    w = Watch(list(paths), _store(store), rules, sinks, stale_after=stale_after, console=err)
+    w = Watch(
+        list(paths),
+        _store(store),
+        rules,
+        sinks,
+        stale_after=stale_after,
+        console=err,
+        note_unevaluable=rules_file is not None,
+    )
     w.run(interval=interval, until_finished=until_finished)

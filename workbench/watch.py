@@ -34,6 +34,7 @@ from rich.table import Table
 from detectors.live import LiveEvaluator
 from detectors.rules import Rule
 from ingest.pipeline import ingest
+from workbench.errors import WorkbenchError
 from workbench.notify import Notifier
 from workbench.store import Store, aliases, layout
 
@@ -74,6 +75,7 @@ class Watch:
         stale_after: float = 600.0,
         console: Console | None = None,
         notify_history: bool = False,
+        note_unevaluable: bool = False,
     ):
         self.paths, self.store, self.rules = paths, store, rules
         self.notifiers = list(notifiers)
@@ -86,6 +88,9 @@ class Watch:
         self._refreshed = time.time()
         self._metric: dict[str, str | None] = {}
         self._unstored: set[str] = set()  # runs whose live alerts changed since the last commit
+        self._staged: set[str] = set()  # of those, the ones staged into the commit under way
+        self._said: set[str] = set()  # rules already reported as not evaluable
+        self.note_unevaluable = note_unevaluable  # say which rules no run can evaluate (a rule file's)
 
     # ---- one poll ---------------------------------------------------------------------------
     def poll(self, final: bool = False) -> PollResult:
@@ -95,6 +100,7 @@ class Watch:
         t0 = time.perf_counter()
         now = time.time()
         full = final or now - self._refreshed >= REFRESH_S
+        self._staged = set()
         report = ingest(
             self.paths,
             self.store,
@@ -102,6 +108,7 @@ class Watch:
             light=not full,
             stage=self._stage,
         )
+        self._unstored -= self._staged  # committed with this ingest
         if full:
             self._refreshed = now
         for path, p in report.problems:  # this poll's: the files it read
@@ -125,18 +132,25 @@ class Watch:
             with self.store.writer() as w:
                 self._stage(w)
                 w.commit()
+            self._unstored -= self._staged
         self._announce(update)
+        for rule_id, why in self.evaluator.not_evaluable.items() if self.note_unevaluable else ():
+            if rule_id not in self._said:
+                self._said.add(rule_id)
+                self.console.print(
+                    f"[yellow]note[/] {escape(why)} (it is evaluated once it is)", highlight=False
+                )
         self.polls += 1
         return PollResult(update.raised, update.extended, update.withdrawn, time.perf_counter() - t0)
 
     def _stage(self, w) -> bool:
         """The live alerts of the runs whose alerts changed since the last commit (they ride
         along with the next poll's ingest commit: stored one poll after they were sent)."""
-        if not self._unstored:
+        self._staged = set(self._unstored)
+        if not self._staged:
             return False
-        runs = sorted(self._unstored)
+        runs = sorted(self._staged)
         w.set_alerts([r.id for r in self.rules], runs, self.evaluator.alerts(runs), source="live")
-        self._unstored = set()
         return True
 
     def _feed(self, gen: Path, report) -> set[str]:
@@ -337,7 +351,12 @@ class Watch:
                 live.start()
             while not stop.is_set():
                 changed.clear()
-                result = self.poll()
+                try:
+                    result = self.poll()
+                except WorkbenchError as e:  # e.g. another ingest held the store: try again
+                    self.console.print(f"[red]error:[/] {escape(str(e))}; the watch goes on", highlight=False)
+                    stop.wait(interval)
+                    continue
                 if live is not None:
                     live.update(self.table(), refresh=True)
                 if on_poll is not None:
