@@ -105,6 +105,7 @@ def latency(tmp: Path, seconds: float, rate: float, interval: float, peer: bool)
     (run / "metrics.jsonl").write_text(lines(0, 200))
     spikes = tmp / "spikes.txt"
     raised: dict[int, float] = {}
+    polls = [0]
     if peer:
         loop = PeerLoop([runs], store)
         loop.poll()
@@ -128,6 +129,7 @@ def latency(tmp: Path, seconds: float, rate: float, interval: float, peer: bool)
         while writer.poll() is None:
             t = time.time()
             _, alerts = loop.poll()
+            polls[0] += 1
             done = time.time()
             for a in alerts:
                 if a["rule"] == "loss_spike":
@@ -137,6 +139,7 @@ def latency(tmp: Path, seconds: float, rate: float, interval: float, peer: bool)
         stop = threading.Event()
 
         def on_poll(r):
+            polls[0] += 1
             for a in r.raised:
                 if a["rule"] == "loss_spike":
                     raised.setdefault(a["step_fired"], a["raised_at"])
@@ -158,6 +161,8 @@ def latency(tmp: Path, seconds: float, rate: float, interval: float, peer: bool)
         "p50": float(np.median(lat)) if len(lat) else float("nan"),
         "p95": float(np.percentile(lat, 95)) if len(lat) else float("nan"),
         "cpu_per_1k": cpu / (n_points / 1000),
+        "polls": polls[0],
+        "cpu_per_poll": cpu / max(1, polls[0]),
     }
 
 
@@ -199,7 +204,8 @@ def main() -> None:
             res[name] = r
             print(
                 f"  {name:28s} spikes {r['spikes']:3d} alerted {r['alerted']:3d}  "
-                f"latency p50 {r['p50']:.2f}s p95 {r['p95']:.2f}s  CPU {r['cpu_per_1k'] * 1000:.0f} ms per 1k points"
+                f"latency p50 {r['p50']:.2f}s p95 {r['p95']:.2f}s  CPU {r['cpu_per_1k'] * 1000:.0f} ms per 1k points "
+                f"({r['polls']} polls, {r['cpu_per_poll'] * 1000:.0f} ms each)"
             )
         w, p = res["watch"], res["ingest+replay loop (peer)"]
         print(

@@ -138,7 +138,7 @@ class Update:
     raised: list[dict] = field(default_factory=list)
     extended: list[dict] = field(default_factory=list)
     withdrawn: list[dict] = field(default_factory=list)
-    runs: set[str] = field(default_factory=set)  # runs whose stored live alerts changed
+    changed: set[tuple[str, str]] = field(default_factory=set)  # (run, rule) whose alerts changed
 
 
 def _view(tail: pl.DataFrame, start: dict[str, int], whole: set[str]) -> pl.DataFrame:
@@ -298,10 +298,10 @@ class LiveEvaluator:
                 self._evaluate_rule(rule, data, todo, now, update, again)
         for r in runs:
             st = self.runs[r]
-            for prior in st.prior.values():
+            for rule_id, prior in st.prior.items():
                 update.withdrawn += [a.row | {"raised_at": a.raised_at} for a in prior]
                 if prior:
-                    update.runs.add(r)
+                    update.changed.add((r, rule_id))
             st.prior = {}
             self._trim(r, bounded)
         return update, again
@@ -414,7 +414,7 @@ class LiveEvaluator:
             latest = next(a for a in reversed(self.runs[r].alerts[rule.id]) if a.row["tag"] == t)
             latest.row["step_end"] = row["step_end"]
             update.extended.append(latest.row | {"raised_at": latest.raised_at})
-            update.runs.add(r)
+            update.changed.add((r, rule.id))
         for row in alerts.iter_rows(named=True):
             st = self.runs[row["run_id"]]
             prior = st.prior.get(rule.id, [])
@@ -425,11 +425,13 @@ class LiveEvaluator:
             if match is not None:
                 prior.remove(match)
                 alert = Alert(row, match.raised_at)  # found again: raised before, not raised again
+                if match.row != row:
+                    update.changed.add((row["run_id"], rule.id))
             else:
                 alert = Alert(row, now)
                 update.raised.append(row | {"raised_at": now})
+                update.changed.add((row["run_id"], rule.id))
             st.alerts.setdefault(rule.id, []).append(alert)
-            update.runs.add(row["run_id"])
 
     def _trim(self, run_id: str, data: _Recording) -> None:
         """Let go of the points no rule needs any more, folding them into the seeds."""
@@ -515,13 +517,14 @@ class LiveEvaluator:
                     st.seeds.setdefault(leaf, {})[k] = (out["s0"][0], out["s1"][0])
 
     # ---- output -----------------------------------------------------------------------------
-    def alerts(self, run_ids) -> pl.DataFrame:
-        """The live alerts of these runs (ALERT columns plus raised_at)."""
+    def alerts(self, run_ids, rule_ids=None) -> pl.DataFrame:
+        """The live alerts of these runs (of these rules), ALERT columns plus raised_at."""
         rows = [
             a.row | {"raised_at": a.raised_at}
             for r in run_ids
             if r in self.runs
-            for alerts in self.runs[r].alerts.values()
+            for rule_id, alerts in self.runs[r].alerts.items()
+            if rule_ids is None or rule_id in rule_ids
             for a in alerts
         ]
         sch = {**schema.ALERT, "raised_at": pl.Float64}

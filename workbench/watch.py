@@ -87,8 +87,8 @@ class Watch:
         self.notify_history = notify_history
         self._refreshed = time.time()
         self._metric: dict[str, str | None] = {}
-        self._unstored: set[str] = set()  # runs whose live alerts changed since the last commit
-        self._staged: set[str] = set()  # of those, the ones staged into the commit under way
+        self._unstored: set[tuple[str, str]] = set()  # (run, rule) whose alerts changed, not yet stored
+        self._staged: set[tuple[str, str]] = set()  # of those, the ones in the commit under way
         self._said: set[str] = set()  # rules already reported as not evaluable
         self.note_unevaluable = note_unevaluable  # say which rules no run can evaluate (a rule file's)
 
@@ -126,8 +126,8 @@ class Watch:
             update.raised += more.raised
             update.extended += more.extended
             update.withdrawn += more.withdrawn
-            update.runs |= more.runs
-        self._unstored |= update.runs
+            update.changed |= more.changed
+        self._unstored |= update.changed
         if final and self._unstored:
             with self.store.writer() as w:
                 self._stage(w)
@@ -147,11 +147,12 @@ class Watch:
         """The live alerts of the runs whose alerts changed since the last commit (they ride
         along with the next poll's ingest commit: stored one poll after they were sent)."""
         self._staged = set(self._unstored)
-        if not self._staged:
-            return False
-        runs = sorted(self._staged)
-        w.set_alerts([r.id for r in self.rules], runs, self.evaluator.alerts(runs), source="live")
-        return True
+        by_rule: dict[str, list[str]] = {}
+        for run_id, rule_id in sorted(self._staged):
+            by_rule.setdefault(rule_id, []).append(run_id)
+        for rule_id, runs in by_rule.items():
+            w.set_alerts([rule_id], runs, self.evaluator.alerts(runs, {rule_id}), source="live")
+        return bool(self._staged)
 
     def _feed(self, gen: Path, report) -> set[str]:
         """New points and events of the chunks this ingest wrote, to the evaluator; runs not
