@@ -191,7 +191,7 @@ class SeriesData:
 
 # ---- leaves: series computed on their own logged points -------------------------------------
 # Every leaf value is a function of a bounded stretch of its series' past points (the window),
-# or of a small state carried from the points before (ema, max_first: `Seed`). So a live watch
+# or of a small state carried from the points before (ema, max_first: their seeds). So a live watch
 # that keeps the last points of each series and those states computes the very numbers a
 # replay over the whole run computes (detectors.live); the window kernels therefore recompute
 # each window instead of sliding a running sum whose rounding depends on all earlier points.
@@ -220,13 +220,13 @@ def _leaf_values(fn: str, n: float, s: pl.DataFrame, seed: pl.DataFrame | None =
     if fn in WINDOW_STATS:
         out, valid = _window_stat(starts, x, k, WINDOW_STATS[fn])
     else:
-        s0, s1 = seed_arrays(s, seed)
+        s0, s1 = _seed_arrays(s, seed)
         kernel = _ema if fn == "ema" else _max_first
         out, valid = kernel(starts, x, float(n), s0, s1)[:2]
     return pl.Series(out).set(pl.Series(~valid), None)
 
 
-def seed_arrays(s: pl.DataFrame, seed: pl.DataFrame | None) -> tuple[np.ndarray, np.ndarray]:
+def _seed_arrays(s: pl.DataFrame, seed: pl.DataFrame | None) -> tuple[np.ndarray, np.ndarray]:
     """Per unit of `s` (in order) the seed state (s0, s1); zeros where none was given."""
     units = s.select(UNIT).unique(maintain_order=True)
     if seed is not None and seed.height:
@@ -241,7 +241,7 @@ def seed_arrays(s: pl.DataFrame, seed: pl.DataFrame | None) -> tuple[np.ndarray,
 
 def fold_seed(fn: str, n: float, s: pl.DataFrame, seed: pl.DataFrame | None) -> pl.DataFrame:
     """The seed (rid, key, s0, s1) after the points of `s`: what a seeded leaf carries past them."""
-    s0, s1 = seed_arrays(s, seed)
+    s0, s1 = _seed_arrays(s, seed)
     kernel = _ema if fn == "ema" else _max_first
     _, _, e0, e1 = kernel(
         _starts(s["rid"], s["key"]), s["value"].to_numpy().astype(np.float64), float(n), s0, s1

@@ -195,12 +195,10 @@ def ingest(
                 progress.update(task, description=f.path.name[-40:])
                 _read_file(w, by_name[f.format], f, run_id, offset, prev, report, progress, task)
         staged = stage(w) if stage is not None else False
-        if light and not plans and not staged:
-            pass  # nothing new: no new generation every second while a watched run is idle
-        elif light:
-            w.commit(catalog=False)
-        else:
+        if not light:
             w.commit(derive={"lineage": lineage.build})
+        elif plans or staged:  # an idle watched run makes no new generation every second
+            w.commit(catalog=False)
     report.seconds = time.perf_counter() - t0
     return report
 

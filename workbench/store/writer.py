@@ -197,7 +197,9 @@ class StoreWriter:
             raise ValueError(f"alert source must be one of {schema.ALERT_SOURCES}, got {source!r}")
         if "raised_at" not in alerts.columns:
             alerts = alerts.with_columns(raised_at=pl.lit(None, pl.Float64))
-        mine = (pl.col("source") == source) | pl.col("source").is_null()  # null: stored before sources
+        mine = pl.col("source") == source
+        if source == "replay":
+            mine = mine | pl.col("source").is_null()  # stored before alerts had a source
         self._replace(
             "alerts",
             ~(mine & pl.col("rule").is_in(rule_ids) & pl.col("run_id").is_in(runs)),
