@@ -29,7 +29,7 @@ from workbench.errors import WorkbenchError
 from workbench.store import aliases, schema
 
 UNIT = ["rid", "key"]  # an evaluation unit: a run, or a run and a tag for glob rules
-ALERT_SCHEMA = schema.ALERTS
+ALERT_SCHEMA = schema.ALERT
 
 
 class ReplayError(WorkbenchError):
@@ -53,6 +53,11 @@ class SeriesData:
         )
     )
     runs: list[str] = field(default_factory=list)
+    # live evaluation over the last points of each series: the state of seeded leaves before
+    # them (leaf text -> rid, key, s0, s1) and each tag's point count over the whole run
+    # (run_id, tag, n), which decides which tag a metric name means
+    seeds: dict[str, pl.DataFrame] = field(default_factory=dict)
+    counts: pl.DataFrame | None = None
 
     def __post_init__(self):
         pts = self.points.select(
@@ -72,6 +77,16 @@ class SeriesData:
         self.tags_frame = coded.group_by("rid", "tid").agg(
             pl.col("run_id", "tag", "metric").first(), n=pl.len()
         )
+        if self.counts is not None:
+            self.tags_frame = (
+                self.tags_frame.drop("n")
+                .join(
+                    self.counts.select("run_id", "tag", pl.col("n").cast(pl.UInt32)),
+                    on=["run_id", "tag"],
+                    how="left",
+                )
+                .with_columns(pl.col("n").fill_null(0))
+            )
         self._run_code = dict(
             zip(
                 *self.tags_frame.select("run_id", "rid").unique().to_dict(as_series=False).values(),
@@ -102,6 +117,12 @@ class SeriesData:
 
     def resolve(self, name: Name) -> pl.DataFrame:
         """(rid, tid, key) rows: which tag stands for `name` in each run (key = tid for globs, else -1)."""
+        ck = ("resolve", name.name, name.quoted)
+        if ck not in self.cache:
+            self.cache[ck] = self._resolve(name)
+        return self.cache[ck]
+
+    def _resolve(self, name: Name) -> pl.DataFrame:
         t = self.tags_frame
         if name.is_glob:
             hit = t.filter(pl.col("tag").str.contains("^" + aliases.glob_regex(name.name) + "$"))
@@ -169,54 +190,152 @@ class SeriesData:
 
 
 # ---- leaves: series computed on their own logged points -------------------------------------
-def _leaf_expr(fn: str, n: float) -> pl.Expr:
-    v, g = pl.col("value"), UNIT
+# Every leaf value is a function of a bounded stretch of its series' past points (the window),
+# or of a small state carried from the points before (ema, max_first: their seeds). So a live watch
+# that keeps the last points of each series and those states computes the very numbers a
+# replay over the whole run computes (detectors.live); the window kernels therefore recompute
+# each window instead of sliding a running sum whose rounding depends on all earlier points.
+WINDOW_STATS = {"mean": 0, "std": 1, "min": 2, "max": 3}
+SEEDED = ("ema", "max_first")  # leaves carrying state from every earlier point
+
+
+def _leaf_values(fn: str, n: float, s: pl.DataFrame, seed: pl.DataFrame | None = None) -> pl.Series:
+    """One leaf over a series frame (rid, key, step, value sorted); `seed` (rid, key, s0, s1) is
+    the state of a seeded leaf before each unit's first row (none: the unit starts here)."""
+    v = pl.col("value")
     k = int(n)
-    past = v.shift(1).over(g)
-    if fn == "mean":
-        return v.shift(1).rolling_mean(k).over(g)
-    if fn == "std":
-        return v.shift(1).rolling_std(k).over(g)
-    if fn == "min":
-        return v.shift(1).rolling_min(k).over(g)
-    if fn == "max":
-        return v.shift(1).rolling_max(k).over(g)
-    if fn == "ema":
-        if not 0 <= n < 1:
-            raise ReplayError(f"ema(x, w): the smoothing weight must be in [0, 1), got {n}")
-        return past.ewm_mean(alpha=1 - n, adjust=False).over(g)
     if fn == "delta":
-        return v - v.shift(k).over(g)
+        return s.select(v - v.shift(k).over(UNIT)).to_series()
     if fn == "pct_change":
-        return v / v.shift(k).over(g) - 1
-    if fn == "slope" and k <= 512:
-        return pl.struct("rid", "key", "step", "value").map_batches(
-            lambda s: pl.Series(
-                _rolling_slope(
-                    _starts(s.struct.field("rid"), s.struct.field("key")),
-                    s.struct.field("step").to_numpy().astype(np.float64),
-                    s.struct.field("value").to_numpy().astype(np.float64),
-                    k,
-                )
-            ),
-            return_dtype=pl.Float64,
-        )
+        return s.select(v / v.shift(k).over(UNIT) - 1).to_series()
+    if fn == "ema" and not 0 <= n < 1:
+        raise ReplayError(f"ema(x, w): the smoothing weight must be in [0, 1), got {n}")
+    if fn not in WINDOW_STATS and fn not in SEEDED and fn != "slope":
+        raise ReplayError(f"{fn}() needs a metric as its first argument")
+    starts = _starts(s["rid"], s["key"])
+    x = s["value"].to_numpy().astype(np.float64)
     if fn == "slope":
-        x = pl.col("step").cast(pl.Float64) - pl.col("step").first().over(g)
-        sx, sy = x.rolling_sum(k).over(g), v.rolling_sum(k).over(g)
-        sxx, sxy = (x * x).rolling_sum(k).over(g), (x * v).rolling_sum(k).over(g)
-        return (k * sxy - sx * sy) / (k * sxx - sx * sx)
-    if fn == "max_first":  # Megatron: after the first k finite values, their maximum
-        fin = v.is_finite()
-        rank = fin.cast(pl.Int64).cum_sum().over(g)
-        baseline = pl.when(fin & (rank <= k)).then(v).max().over(g)
-        return pl.when(rank - fin.cast(pl.Int64) >= k).then(baseline)
-    raise ReplayError(f"{fn}() needs a metric as its first argument")
+        out = _rolling_slope(starts, s["step"].to_numpy().astype(np.float64), x, k)
+        return pl.Series(out)  # NaN (not null) before the first full window, as always
+    if fn in WINDOW_STATS:
+        out, valid = _window_stat(starts, x, k, WINDOW_STATS[fn])
+    else:
+        s0, s1 = _seed_arrays(s, seed)
+        kernel = _ema if fn == "ema" else _max_first
+        out, valid = kernel(starts, x, float(n), s0, s1)[:2]
+    return pl.Series(out).set(pl.Series(~valid), None)
+
+
+def _seed_arrays(s: pl.DataFrame, seed: pl.DataFrame | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit of `s` (in order) the seed state (s0, s1); zeros where none was given."""
+    units = s.select(UNIT).unique(maintain_order=True)
+    if seed is not None and seed.height:
+        units = units.join(seed, on=UNIT, how="left", maintain_order="left")
+    else:
+        units = units.with_columns(s0=pl.lit(None, pl.Float64), s1=pl.lit(None, pl.Float64))
+    return (
+        units["s0"].fill_null(0.0).to_numpy().astype(np.float64),
+        units["s1"].fill_null(0.0).to_numpy().astype(np.float64),
+    )
+
+
+def fold_seed(fn: str, n: float, s: pl.DataFrame, seed: pl.DataFrame | None) -> pl.DataFrame:
+    """The seed (rid, key, s0, s1) after the points of `s`: what a seeded leaf carries past them."""
+    s0, s1 = _seed_arrays(s, seed)
+    kernel = _ema if fn == "ema" else _max_first
+    _, _, e0, e1 = kernel(
+        _starts(s["rid"], s["key"]), s["value"].to_numpy().astype(np.float64), float(n), s0, s1
+    )
+    return s.select(UNIT).unique(maintain_order=True).with_columns(s0=pl.Series(e0), s1=pl.Series(e1))
 
 
 def _starts(rid: pl.Series, key: pl.Series) -> np.ndarray:
-    change = (rid.diff().fill_null(1) != 0) | (key.diff().fill_null(1) != 0)
-    return np.r_[np.flatnonzero(change.to_numpy()), len(rid)].astype(np.int64)
+    """Row offsets where each (rid, key) group starts in a frame sorted by them, plus the end."""
+    r, k = rid.to_numpy(), key.to_numpy()
+    change = np.r_[True, (r[1:] != r[:-1]) | (k[1:] != k[:-1])] if len(r) else np.zeros(0, bool)
+    return np.r_[np.flatnonzero(change), len(r)].astype(np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _window_stat(starts, x, k, stat):
+    """mean, std (ddof 1), min or max of the k values before each point, per group; a window
+    holding NaN gives NaN; null (valid False) until k values came before."""
+    out = np.full(x.shape[0], np.nan)
+    valid = np.zeros(x.shape[0], np.bool_)
+    for g in range(starts.shape[0] - 1):
+        for i in range(starts[g] + k, starts[g + 1]):
+            valid[i] = True
+            if stat == 0 or stat == 1:
+                m = 0.0
+                for j in range(i - k, i):
+                    m += x[j]
+                m /= k
+                if stat == 0:
+                    out[i] = m
+                elif k > 1:
+                    ss = 0.0
+                    for j in range(i - k, i):
+                        ss += (x[j] - m) ** 2
+                    out[i] = np.sqrt(ss / (k - 1))
+                else:
+                    valid[i] = False
+            else:
+                r = x[i - k]
+                for j in range(i - k, i):
+                    if np.isnan(x[j]):
+                        r = np.nan
+                        break
+                    if (stat == 2 and x[j] < r) or (stat == 3 and x[j] > r):
+                        r = x[j]
+                out[i] = r
+    return out, valid
+
+
+@njit(cache=True, nogil=True)
+def _ema(starts, x, w, s0, s1):
+    """EMA with weight w of the values before each point (e = w·e + (1−w)·x, starting at the first
+    value; NaN stays); per group seeded with (e, has) = (s0, s1). Returns out, valid, final seeds."""
+    out = np.full(x.shape[0], np.nan)
+    valid = np.zeros(x.shape[0], np.bool_)
+    e0 = s0.copy()
+    e1 = s1.copy()
+    for g in range(starts.shape[0] - 1):
+        e = e0[g]
+        has = e1[g] > 0
+        for i in range(starts[g], starts[g + 1]):
+            if has:
+                out[i] = e
+                valid[i] = True
+                e = w * e + (1.0 - w) * x[i]
+            else:
+                e = x[i]
+                has = True
+        e0[g] = e
+        e1[g] = 1.0 if has else 0.0
+    return out, valid, e0, e1
+
+
+@njit(cache=True, nogil=True)
+def _max_first(starts, x, k, s0, s1):
+    """Megatron's baseline: the maximum of the first k finite values, known once k finite values
+    came before; per group seeded with (running max, finite values seen) = (s0, s1)."""
+    out = np.full(x.shape[0], np.nan)
+    valid = np.zeros(x.shape[0], np.bool_)
+    e0 = s0.copy()
+    e1 = s1.copy()
+    for g in range(starts.shape[0] - 1):
+        mx = e0[g]
+        seen = e1[g]
+        for i in range(starts[g], starts[g + 1]):
+            if seen >= k:
+                out[i] = mx
+                valid[i] = True
+            elif np.isfinite(x[i]):
+                mx = x[i] if seen == 0 or x[i] > mx else mx
+                seen += 1
+        e0[g] = mx
+        e1[g] = seen
+    return out, valid, e0, e1
 
 
 @njit(cache=True, nogil=True)
@@ -302,7 +421,8 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
         if isinstance(node, Call):
             ck = ("leaf", text_key)
             if ck not in data.cache:
-                data.cache[ck] = s.with_columns(value=_leaf_expr(node.fn, node.args[1].value))
+                seed = data.seeds.get(text_key) if node.fn in SEEDED else None
+                data.cache[ck] = s.with_columns(value=_leaf_values(node.fn, node.args[1].value, s, seed))
             s = data.cache[ck]
         frames.append((col, name, s))
     missing = [_text(name) for _, name, s in frames if s.is_empty()]
@@ -334,7 +454,11 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
             continue
         by = UNIT if name.is_glob else ["rid"]
         right = s.select(*by, "step", pl.col("value").alias(col))
+        if globbed and not name.is_glob:  # several tags per run: as-of needs the run's rows in step order
+            grid = grid.sort("rid", "step", "key")
         grid = grid.join_asof(right, on="step", by=by, strategy="backward", check_sortedness=False)
+    if globbed:
+        grid = grid.sort(*UNIT, "step")
     data.cache[ck] = grid
     grid = grid.with_columns(cond=expr.fill_null(False))
     texts = [_text(node) for _, (c, node) in leaves.items()]
@@ -380,73 +504,122 @@ def _grid(rule: Rule, data: SeriesData, frames: list, units: pl.DataFrame) -> pl
     return grid
 
 
+# Per unit, what the streak pass carries from one stretch of rows to the next (a live watch
+# evaluates a run a few new steps at a time): the current run of true steps (length, first
+# step), the latest alert's end, and the rows evaluated so far (for warm-up). A replay starts
+# every unit from zeros, so both compute the same alerts by the same code.
+STREAK_STATE = {
+    "run": pl.Int64,
+    "first": pl.Int64,
+    "has_last": pl.Int64,
+    "last_end": pl.Int64,
+    "seen": pl.Int64,
+}
+
+
 @njit(cache=True, nogil=True)
-def _streak_alerts(starts, steps, cond, warmup, k, cooldown):
+def _streak_alerts(starts, steps, cond, warmup, k, cooldown, run, first, has_last, last_end, seen):
     """One pass per group: runs of true steps become alerts once they last k steps; a firing
     within `cooldown` steps of the previous alert's end extends that alert instead.
-    Returns row indices (start, fired, end) of each alert."""
+    The state arrays (one entry per group, see STREAK_STATE) are updated in place. Returns, per
+    alert touched: group, start step, the row where it fired and its end step; a fired row of -1
+    is the group's alert from before these rows, extended."""
     cap = 64
+    a_group = np.empty(cap, np.int64)
     a_start = np.empty(cap, np.int64)
     a_fired = np.empty(cap, np.int64)
     a_end = np.empty(cap, np.int64)
     n = 0
     for g in range(starts.shape[0] - 1):
-        run = 0
-        first = -1
-        current = -1  # the alert the ongoing streak belongs to, once it fired
-        last = -1  # this group's latest alert
+        r = run[g]
+        f = first[g]
+        le = last_end[g]
+        latest = -1 if has_last[g] > 0 else -2  # -1: the alert from before these rows; >= 0: a new one
         for i in range(starts[g], starts[g + 1]):
-            if cond[i] and i - starts[g] >= warmup:
-                if run == 0:
-                    first = i
-                run += 1
-                if run == k:
-                    if last >= 0 and steps[i] - steps[a_end[last]] <= cooldown:
-                        current = last
-                    else:
-                        if n == cap:
-                            cap *= 2
-                            a_start = np.concatenate((a_start, np.empty(cap - n, np.int64)))
-                            a_fired = np.concatenate((a_fired, np.empty(cap - n, np.int64)))
-                            a_end = np.concatenate((a_end, np.empty(cap - n, np.int64)))
-                        a_start[n] = first
-                        a_fired[n] = i
-                        current = n
-                        last = n
-                        n += 1
-                if run >= k:
-                    a_end[current] = i
+            if cond[i] and seen[g] >= warmup:
+                if r == 0:
+                    f = steps[i]
+                r += 1
+                new = r == k and not (latest != -2 and steps[i] - le <= cooldown)
+                extend_carried = r >= k and latest == -1 and not new
+                if new or (extend_carried and (n == 0 or a_group[n - 1] != g or a_fired[n - 1] != -1)):
+                    if n == cap:
+                        cap *= 2
+                        a_group = np.concatenate((a_group, np.empty(cap - n, np.int64)))
+                        a_start = np.concatenate((a_start, np.empty(cap - n, np.int64)))
+                        a_fired = np.concatenate((a_fired, np.empty(cap - n, np.int64)))
+                        a_end = np.concatenate((a_end, np.empty(cap - n, np.int64)))
+                    a_group[n] = g
+                    a_start[n] = f if new else -1
+                    a_fired[n] = i if new else -1
+                    n += 1
+                    if new:
+                        latest = n - 1
+                if r >= k:
+                    a_end[latest if latest >= 0 else n - 1] = steps[i]
+                    le = steps[i]
             else:
-                run = 0
-    return a_start[:n], a_fired[:n], a_end[:n]
+                r = 0
+            seen[g] += 1
+        run[g] = r
+        first[g] = f
+        last_end[g] = le
+        has_last[g] = 1 if latest != -2 else 0
+    return a_group[:n], a_start[:n], a_fired[:n], a_end[:n]
 
 
-def alerts_from(rule: Rule, frame: pl.DataFrame, texts: list[str], data: SeriesData) -> pl.DataFrame:
-    """Streaks of true steps -> alert intervals (frame sorted by rid, key, step)."""
+def zero_state(units: int) -> dict[str, np.ndarray]:
+    return {c: np.zeros(units, np.int64) for c in STREAK_STATE}
+
+
+def stream_alerts(
+    rule: Rule, frame: pl.DataFrame, texts: list[str], data: SeriesData, state: dict[str, np.ndarray]
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Streaks of true steps -> alert intervals (frame sorted by rid, key, step), continuing
+    from `state` (one entry per unit of the frame, in order; updated in place).
+
+    Returns the new alerts, and the alerts from before that these rows extended (rid, key,
+    step_end)."""
     leaf_cols = [c for c in frame.columns if c.startswith("_l")]
+    extended = pl.DataFrame(schema={"rid": pl.Int32, "key": pl.Int32, "step_end": pl.Int64})
     if frame.is_empty():
-        return pl.DataFrame(schema=ALERT_SCHEMA)
+        return pl.DataFrame(schema=ALERT_SCHEMA), extended
+    starts = _starts(frame["rid"], frame["key"])
     steps = frame["step"].to_numpy()
-    start, fired, end = _streak_alerts(
-        _starts(frame["rid"], frame["key"]),
+    group, start, fired, end = _streak_alerts(
+        starts,
         steps,
         frame["cond"].to_numpy(),
         int(rule.warmup),
         int(rule.for_steps),
         int(rule.cooldown),
+        *(state[c] for c in STREAK_STATE),
     )
+    if not len(group):
+        return pl.DataFrame(schema=ALERT_SCHEMA), extended
+    first_rows = starts[:-1][group]
+    carried = fired < 0
+    if carried.any():
+        extended = pl.DataFrame(
+            {
+                "rid": frame["rid"].gather(first_rows[carried]),
+                "key": frame["key"].gather(first_rows[carried]),
+                "step_end": end[carried],
+            }
+        )
+    fired, start, end, first_rows = fired[~carried], start[~carried], end[~carried], first_rows[~carried]
     merged = pl.DataFrame(
         {
-            "rid": frame["rid"].gather(start),
-            "key": frame["key"].gather(start),
-            "step_start": steps[start],
+            "rid": frame["rid"].gather(first_rows),
+            "key": frame["key"].gather(first_rows),
+            "step_start": start,
             "step_fired": steps[fired],
-            "step_end": steps[end],
+            "step_end": end,
             **{c: frame[c].gather(fired) for c in leaf_cols},
         }
     )
     if merged.is_empty():
-        return pl.DataFrame(schema=ALERT_SCHEMA)
+        return pl.DataFrame(schema=ALERT_SCHEMA), extended
     msg = pl.concat_str(
         [pl.lit(f"{rule.id}: ")]
         + [
@@ -459,7 +632,7 @@ def alerts_from(rule: Rule, frame: pl.DataFrame, texts: list[str], data: SeriesD
             )
         ]
     )
-    return merged.select(
+    alerts = merged.select(
         run_id=pl.col("rid").replace_strict(data.run_name, return_dtype=pl.String),
         rule=pl.lit(rule.id),
         tag=pl.col("key").replace_strict({-1: "", **data.tag_name}, return_dtype=pl.String),
@@ -471,6 +644,13 @@ def alerts_from(rule: Rule, frame: pl.DataFrame, texts: list[str], data: SeriesD
         params=pl.lit(rule.params_json),
         severity=pl.lit(rule.severity),
     ).cast(ALERT_SCHEMA)
+    return alerts, extended
+
+
+def alerts_from(rule: Rule, frame: pl.DataFrame, texts: list[str], data: SeriesData) -> pl.DataFrame:
+    """Streaks of true steps -> alert intervals (frame sorted by rid, key, step)."""
+    units = frame.select(UNIT).n_unique() if frame.height else 0
+    return stream_alerts(rule, frame, texts, data, zero_state(units))[0]
 
 
 def evaluate(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str]]:

@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +53,10 @@ class IngestReport:
     notes: list[tuple[str, str]] = field(default_factory=list)
     labels: int = 0
     seconds: float = 0.0
+    # (run_id, path, source, chunk_id) of every chunk written: what a live watch reads next
+    chunks: list[tuple[str, str, str, int]] = field(default_factory=list)
+    # runs that had a file dropped and read again (rewritten, truncated, rotated)
+    reread: set[str] = field(default_factory=set)
 
     @property
     def log_files(self) -> int:
@@ -106,8 +111,14 @@ def ingest(
     hash_checkpoints: bool = False,
     wait_s: float = 60.0,
     console: Console | None = None,
+    light: bool = False,
+    stage: Callable[[StoreWriter], bool] | None = None,
 ) -> IngestReport:
-    """Ingest every log under `paths` into `store`; per-file problems are reported, not raised."""
+    """Ingest every log under `paths` into `store`; per-file problems are reported, not raised.
+    `light`: a poll of a live watch, which commits every second: lineage and catalog.duckdb
+    are left as they were (the watch refreshes them now and then), and a poll that found no new
+    bytes and staged nothing commits nothing. `stage` adds the caller's own changes to the
+    same commit (a watch's alerts) and says whether it added any."""
     console = console or Console(stderr=True)
     report = IngestReport()
     t0 = time.perf_counter()
@@ -174,6 +185,9 @@ def ingest(
                 continue
             if action == "reread" and prev is not None:
                 w.drop_file(key)
+                report.reread.add(run_id)
+                if by_name[f.format].appendable and (prev["run_id"], prev["format"]) == (run_id, f.format):
+                    _note_rewrite(w, f, run_id, prev, report)
             plans.append((f, run_id, offset, prev if action == "append" else None))
         # configuration first (ds_config, hparams): other files of the run may need it
         plans.sort(key=lambda p: (p[1], not by_name[p[0].format].is_config, str(p[0].path)))
@@ -184,11 +198,15 @@ def ingest(
                 progress.update(task, description=f.path.name[-40:])
                 _read_file(w, by_name[f.format], f, run_id, offset, prev, report, progress, task)
             _reread_stale(w, by_name, {str(f.path): f for f, _ in work}, {p[1] for p in plans}, report)
-        derive = {"lineage": lineage.build, "agreement": agreement.build}
-        w.commit(derive=derive)
-        if _learn_batch_sizes(store, w):
-            _reread_stale(w, by_name, {str(f.path): f for f, _ in work}, w.changed_runs, report)
+        staged = stage(w) if stage is not None else False
+        if not light:
+            derive = {"lineage": lineage.build, "agreement": agreement.build}
             w.commit(derive=derive)
+            if _learn_batch_sizes(store, w):
+                _reread_stale(w, by_name, {str(f.path): f for f, _ in work}, w.changed_runs, report)
+                w.commit(derive=derive)
+        elif plans or staged:  # an idle watched run makes no new generation every second
+            w.commit(catalog=False)
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -240,6 +258,32 @@ def _reread_stale(
             w.drop_file(row["path"])
             _read_file(w, ingestor, f, row["run_id"], 0, None, report, None, None)
             report.files_read -= 1  # counted once, when it was first read
+
+
+def _note_rewrite(w: StoreWriter, f: Found, run_id: str, prev: dict, report: IngestReport) -> None:
+    """A log that should only grow was truncated, rotated or rewritten: it is read again from
+    the start, and the problems table says so."""
+    size = f.path.stat().st_size
+    why = "is shorter than" if size < prev["consumed"] else "changed before"
+    problem = Problem(
+        0,
+        "rewritten",
+        f"file {why} the {prev['consumed']} bytes read before (now {size} bytes): "
+        "truncated, rotated or rewritten; its points were dropped and it is read again from the start",
+    )
+    report.problems.append((str(f.path), problem))
+    w.add(
+        "problems",
+        [
+            {
+                "path": str(f.path),
+                "run_id": run_id,
+                "offset": 0,
+                "kind": problem.kind,
+                "message": problem.message,
+            }
+        ],
+    )
 
 
 def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: IngestReport) -> None:
@@ -321,7 +365,10 @@ def _read_file(
     ctx = ReadContext(run_id, state=state, plugins=w.plugins(run_id), run_config=w.run_config(run_id))
     try:
         for batch in ingestor.read(f.path, offset, ctx):
-            w.add_chunk(run_id, key, ingestor.name, batch.start, batch.end, batch.points, batch.events)
+            chunk_id = w.add_chunk(
+                run_id, key, ingestor.name, batch.start, batch.end, batch.points, batch.events
+            )
+            report.chunks.append((run_id, key, ingestor.name, chunk_id))
             if batch.problems:
                 w.add(
                     "problems",

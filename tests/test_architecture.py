@@ -2,7 +2,7 @@
 
 ground: workbench.errors, workbench.store.*      (format-blind: no ingest, no detectors)
 middle: ingest.*  |  detectors.*                  (side by side: neither imports the other)
-faces:  workbench.cli, workbench.render, workbench.app.*, app.py
+faces:  workbench.cli, workbench.render, workbench.watch, workbench.notify, workbench.app.*, app.py
 """
 
 from __future__ import annotations

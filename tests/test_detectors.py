@@ -139,6 +139,17 @@ def test_glob_evaluates_each_tag_and_alerts_carry_it():
     assert "gn/layer_0" in alerts["message"][0] or "`gn/layer_*`" in alerts["message"][0]
 
 
+def test_glob_rule_takes_a_plain_series_as_of_each_step_for_every_matched_tag():
+    # every matched tag sees loss as logged at or before its own step, never a later value
+    loss = [(s, s + 0.5) for s in range(1, 60, 3)]  # steps 1, 4, 7, ...
+    run = {"gn/layer_0": list(range(60)), "gn/layer_1": list(range(60)), "loss": loss}
+    d = data({"a": run, "b": run})
+    alerts, _ = evaluate(Rule("t", "`gn/layer_*` >= 0 and loss < 4"), d)
+    assert [
+        (r["run_id"], r["tag"], r["step_start"], r["step_end"]) for r in alerts.iter_rows(named=True)
+    ] == [(run_id, tag, 1, 3) for run_id in "ab" for tag in ("gn/layer_0", "gn/layer_1")]
+
+
 def test_metric_names_resolve_through_aliases_and_absence_rules():
     d = data({"a": {"train/loss": [1, 9]}, "b": {"other": [1, 2]}}, metrics={"train/loss": "loss"})
     alerts, runs = evaluate(Rule("t", "loss > 5"), d)

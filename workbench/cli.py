@@ -444,3 +444,70 @@ def lineage(run, stitch_tag, store, fmt):
         render.frame(series, fmt)
     else:
         render.lineage_tree(lineage_graph.tree(s.connect(), run))
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True))
+@_rules_option
+@_store_option
+@click.option(
+    "--interval",
+    default=1.0,
+    show_default=True,
+    metavar="S",
+    help="Longest wait between polls; file-system events wake it sooner (not on network file systems).",
+)
+@click.option(
+    "--notify-cmd",
+    default=None,
+    metavar="CMD",
+    help="Shell command run per alert: the alert as JSON on stdin and in $WORKBENCH_ALERT, "
+    "fields in $WORKBENCH_ALERT_RULE, _RUN_ID, _STEP_FIRED, _SEVERITY, _MESSAGE, ...",
+)
+@click.option(
+    "--notify-url",
+    default=None,
+    metavar="URL",
+    help="Webhook: POST the alert as JSON (retried with backoff; never holds up the watch).",
+)
+@click.option("--until-finished", is_flag=True, help="Exit once every run has an end marker in its logs.")
+@click.option(
+    "--stale-after",
+    default=600.0,
+    show_default=True,
+    metavar="S",
+    help="Mark a run stale (and evaluate all its steps) when it has not grown for S seconds.",
+)
+def watch(paths, rules_file, store, interval, notify_cmd, notify_url, until_finished, stale_after):
+    """Follow runs being written under PATHS and raise a rule file's alerts live.
+
+    Each poll ingests only the new bytes of every log (TensorBoard, JSONL, console logs,
+    DeepSpeed CSVs, trainer_state rewrites, ...) and evaluates the rules on the new steps, the
+    same way `workbench replay` would over the finished logs: the live alerts (the `alerts`
+    view, source 'live', with raised_at) equal a replay's, rule by rule and step by step.
+    Each alert interval is one notification: a JSON line on stdout, and --notify-cmd /
+    --notify-url. A rule's `cooldown` merges a storm of firings into one interval. The table
+    on stderr shows each run's last step, steps/s and open alerts. Ctrl-C stops it.
+
+    \b
+    Example:
+      workbench backtest --rules my_rules.toml
+      workbench watch ./runs --rules my_rules.toml --notify-url http://127.0.0.1:9000/hook
+      workbench sql "SELECT run_id, rule, step_fired, message FROM alerts WHERE source = 'live'"
+    """
+    from detectors.replay import default_rules
+    from workbench.notify import notifiers
+    from workbench.watch import Watch
+
+    rules = _load_rules(rules_file) or default_rules()
+    sinks = notifiers(notify_cmd, notify_url, lambda msg: err.print(f"[yellow]notify:[/] {escape(msg)}"))
+    w = Watch(
+        list(paths),
+        _store(store),
+        rules,
+        sinks,
+        stale_after=stale_after,
+        console=err,
+        note_unevaluable=rules_file is not None,
+    )
+    w.run(interval=interval, until_finished=until_finished)

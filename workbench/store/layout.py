@@ -5,6 +5,7 @@ meta/gNNNNNNNN/*.parquet       one immutable generation: files, chunks, chunk_ta
 scalars/<run-key>/cN.parquet   points of one chunk (a batch of one source file), zstd
 events/<run-key>/eN.parquet    events of one chunk
 catalog.duckdb                 views for the duckdb CLI, rebuilt (temp + rename) on each commit
+CATALOG                        the generation catalog.duckdb reads (kept while it does)
 lock                           held by the one process that may write
 WORKBENCH_STORE                marks the folder as a store, so ingest never reads its files
 """
@@ -22,6 +23,7 @@ import polars as pl
 import workbench.store.schema as schema
 
 DEFAULT_STORE = ".workbench"
+CATALOG_GENERATION = "CATALOG"
 MARKER = "WORKBENCH_STORE"
 
 
@@ -55,6 +57,14 @@ def current_generation(root: Path) -> Path | None:
     except FileNotFoundError:
         return None
     return root / "meta" / name
+
+
+def catalog_generation(root: Path) -> Path | None:
+    """The generation catalog.duckdb was written for, or None."""
+    try:
+        return root / "meta" / (root / CATALOG_GENERATION).read_text().strip()
+    except FileNotFoundError:
+        return None
 
 
 def read_meta(table: str, generation: Path | None) -> pl.DataFrame:

@@ -111,8 +111,8 @@ LABELS = {
 }
 OUTCOMES = ("failed", "healthy", "unknown")
 
-# Alerts of the last replay of each rule over each run (see detectors.replay).
-ALERTS = {
+# One alert interval as the rule engine computes it (see detectors.engine).
+ALERT = {
     "run_id": pl.String,
     "rule": pl.String,
     "tag": pl.String,  # the matched tag when the rule has a glob, else empty
@@ -124,6 +124,14 @@ ALERTS = {
     "params": pl.String,  # JSON
     "severity": pl.String,
 }
+# Stored alerts: those of the last replay of each rule over each run (detectors.replay), and
+# those a watch raised live (workbench.watch); a replay over the finished logs gives the same.
+ALERTS = {
+    **ALERT,
+    "source": pl.String,  # replay | live
+    "raised_at": pl.Float64,  # unix time a watch raised it (null for a replay)
+}
+ALERT_SOURCES = ("replay", "live")
 
 ROOTS = {"root": pl.String}
 

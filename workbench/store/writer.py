@@ -193,9 +193,23 @@ class StoreWriter:
         self.changed_runs.add(row["run_id"])
         self._replace("files", pl.col("path") != row["path"], [row])
 
-    def set_alerts(self, rule_ids: list[str], runs: list[str], alerts: pl.DataFrame) -> None:
-        """Replace the alerts of these rules on these runs (a replay's selection)."""
-        self._replace("alerts", ~(pl.col("rule").is_in(rule_ids) & pl.col("run_id").is_in(runs)), alerts)
+    def set_alerts(
+        self, rule_ids: list[str], runs: list[str], alerts: pl.DataFrame, source: str = "replay"
+    ) -> None:
+        """Replace the alerts from `source` (a replay, or a live watch) of these rules on these
+        runs; rows without `raised_at` get null."""
+        if source not in schema.ALERT_SOURCES:
+            raise ValueError(f"alert source must be one of {schema.ALERT_SOURCES}, got {source!r}")
+        if "raised_at" not in alerts.columns:
+            alerts = alerts.with_columns(raised_at=pl.lit(None, pl.Float64))
+        mine = pl.col("source") == source
+        if source == "replay":
+            mine = mine | pl.col("source").is_null()  # stored before alerts had a source
+        self._replace(
+            "alerts",
+            ~(mine & pl.col("rule").is_in(rule_ids) & pl.col("run_id").is_in(runs)),
+            alerts.with_columns(source=pl.lit(source)),
+        )
 
     def set_labels(self, origin: str, rows: list[dict]) -> None:
         """Replace the labels that came from `origin` (a labels.toml, or the CLI for one run)."""
@@ -239,11 +253,13 @@ class StoreWriter:
         df = self.table("files").filter(pl.col("path") == path)
         return df.row(0, named=True) if df.height else None
 
-    def commit(self, derive: dict[str, Derive] | None = None) -> Path:
+    def commit(self, derive: dict[str, Derive] | None = None, catalog: bool = True) -> Path:
         """Publish everything staged as a new generation; returns its directory.
 
         `derive` computes tables of DERIVED_TABLES from the views of the new generation; the
         derived tables it does not name are carried over from the previous generation.
+        `catalog=False` leaves catalog.duckdb on an earlier generation (kept until the next
+        catalog is written): for writers that commit every second (a live watch).
         """
         self._flush_parts()
         self.generation += 1
@@ -271,7 +287,8 @@ class StoreWriter:
             self._new[t] = []
         self.previous = final
         self.changed_runs = set()
-        self._write_catalog(final)
+        if catalog:
+            self._write_catalog(final)
         return final
 
     def _derive(self, gen: Path, derive: dict[str, Derive]) -> None:
@@ -305,6 +322,7 @@ class StoreWriter:
         finally:
             con.close()
         os.replace(tmp, self.root / "catalog.duckdb")
+        (self.root / layout.CATALOG_GENERATION).write_text(gen.name + "\n")
 
     def _collect_garbage(self) -> None:
         """Remove what no live generation refers to: parts of killed ingests, old generations."""
@@ -317,6 +335,9 @@ class StoreWriter:
                 shutil.rmtree(p, ignore_errors=True)
         current = layout.current_generation(self.root)
         keep = [g for g in gens if current is not None and g <= current][-2:]  # readers may lag one
+        catalog = layout.catalog_generation(self.root)  # catalog.duckdb's views read it
+        if catalog in gens and catalog not in keep:
+            keep.append(catalog)
         for g in gens:
             if g not in keep:
                 shutil.rmtree(g, ignore_errors=True)

@@ -1,0 +1,108 @@
+"""Live equals replay on real training: `workbench watch` follows three real training jobs
+(tests/live_trainer.py: torch on CPU, logging TensorBoard + JSONL + console every step) while
+they run — a healthy one, one that diverges to NaN, one that is SIGKILLed mid-line and resumed
+from an earlier checkpoint — and when they have finished, the alerts it raised live equal
+`workbench replay` over the finished logs, rule by rule and step by step (the default rules:
+the built-ins and the guides' rule set)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from workbench.store import Store
+
+pytest.importorskip("torch", reason="the live training test needs torch (CI installs torch==2.13.0, CPU)")
+
+TRAINER = Path(__file__).parent / "live_trainer.py"
+COLS = ["run_id", "rule", "tag", "step_start", "step_fired", "step_end", "value", "message", "severity"]
+
+
+def trainer(run: Path, *args) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(TRAINER), str(run), *map(str, args)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def workbench(*args, **kw):
+    return [sys.executable, "-m", "workbench", *map(str, args)]
+
+
+@pytest.mark.slow
+def test_live_alerts_equal_a_replay_of_the_finished_logs(tmp_path):
+    runs, store = tmp_path / "runs", tmp_path / "store"
+    runs.mkdir()
+    env = {**os.environ, "WORKBENCH_STORE": str(store)}
+    watch = subprocess.Popen(
+        workbench("watch", runs, "--interval", 0.3, "--until-finished"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    jobs = [
+        trainer(runs / "healthy", "--steps", 140, "--seed", 0),
+        trainer(runs / "diverges", "--steps", 160, "--seed", 1, "--diverge-at", 70, "--nan-patience", 30),
+    ]
+    killed = trainer(runs / "killed_resumed", "--steps", 150, "--seed", 2, "--kill-at", 110)
+    assert killed.wait(300) == -9, killed.stderr.read()
+    time.sleep(1.2)  # a restarted job: its new event file is named and stamped later
+    jobs.append(trainer(runs / "killed_resumed", "--steps", 150, "--seed", 2, "--resume-from", 100))
+    for j in jobs:
+        assert j.wait(300) == 0, j.stderr.read()
+    out, err = watch.communicate(timeout=300)
+    assert watch.returncode == 0, err
+
+    # the replay over the finished logs
+    p = subprocess.run(workbench("replay"), capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr
+    alerts = Store(store).connect().sql("SELECT * FROM alerts").pl()
+    live = alerts.filter(pl.col("source") == "live").select(COLS).sort(COLS[:4])
+    replay = alerts.filter(pl.col("source") == "replay").select(COLS).sort(COLS[:4])
+    diff = live.join(replay, on=COLS, how="anti", nulls_equal=True).with_columns(side=pl.lit("live only"))
+    diff = pl.concat(
+        [
+            diff,
+            replay.join(live, on=COLS, how="anti", nulls_equal=True).with_columns(side=pl.lit("replay only")),
+        ]
+    )
+    assert diff.is_empty(), f"live and replay differ:\n{diff}\nwatch stderr:\n{err[-3000:]}"
+    assert live.height == replay.height
+
+    # what the runs really did, as the store and the alerts tell it
+    con = Store(store).connect()
+    nan = live.filter((pl.col("run_id") == "diverges") & (pl.col("rule") == "non_finite_loss"))
+    assert nan.height == 1
+    first_nan = con.sql(
+        "SELECT min(step) FROM scalars WHERE run_id = 'diverges' AND metric = 'loss' AND NOT isfinite(value)"
+    ).fetchall()[0][0]
+    assert nan["step_start"][0] == first_nan
+    # raised while the job still ran: before it wrote its end-of-run record (30 steps later)
+    raised = alerts.filter((pl.col("source") == "live") & (pl.col("rule") == "non_finite_loss"))["raised_at"][
+        0
+    ]
+    end_marker = max(p.stat().st_mtime for p in (runs / "diverges" / "tb").glob("*/events.out.tfevents.*"))
+    assert raised < end_marker
+    superseded = con.sql(
+        "SELECT count(*) FROM scalars_all WHERE run_id = 'killed_resumed' AND superseded AND step >= 100"
+    ).fetchall()[0][0]
+    assert superseded > 0  # the resumed job logged steps 100.. again
+    assert con.sql("SELECT count(*) FROM problems WHERE run_id = 'killed_resumed'").fetchall()[0][0] >= 1
+    statuses = dict(con.sql("SELECT run_id, status FROM runs").fetchall())
+    assert statuses["diverges"] == "diverged" and statuses["healthy"] == "completed"
+
+    # stdout: one JSON line per alert interval raised, never twice
+    sent = [json.loads(line) for line in out.splitlines()]
+    keys = [(a["run_id"], a["rule"], a["tag"], a["step_start"]) for a in sent]
+    assert len(keys) == len(set(keys))
+    assert ("diverges", "non_finite_loss", "", first_nan) in keys

@@ -1,0 +1,165 @@
+"""Where a live watch sends the alerts it raises: stdout, a command, a webhook.
+
+Each alert is one JSON object (the `alerts` columns: run_id, rule, tag, step_start, step_fired,
+step_end, value, message, params, severity, raised_at). Notifiers that leave the process run on
+their own thread: a slow or failing command or webhook never holds up ingest or evaluation, and
+a failure is reported (on stderr, by `problems()`) and never stops the watch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+Alert = dict
+
+
+def alert_json(alert: Alert) -> str:
+    """One line of JSON; NaN/Inf values as null (JSON has no NaN)."""
+    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in alert.items()}
+    return json.dumps(clean, sort_keys=True)
+
+
+class Notifier:
+    name = "notifier"
+
+    def send(self, alert: Alert) -> None:
+        raise NotImplementedError
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Deliver what is queued (up to `timeout` seconds)."""
+
+
+class StdoutNotifier(Notifier):
+    """One JSON line per alert on stdout (machine-readable; the terminal table goes to stderr)."""
+
+    name = "stdout"
+
+    def send(self, alert: Alert) -> None:
+        sys.stdout.write(alert_json(alert) + "\n")
+        sys.stdout.flush()
+
+
+class _Background(Notifier):
+    """Delivers alerts in order on a worker thread; `deliver` raises to say it failed."""
+
+    def __init__(self, report: Callable[[str], None]):
+        self._queue: queue.Queue = queue.Queue()
+        self._report = report
+        self._thread = threading.Thread(target=self._work, name=f"notify-{self.name}", daemon=True)
+        self._thread.start()
+
+    def send(self, alert: Alert) -> None:
+        self._queue.put(alert)
+
+    def _work(self) -> None:
+        while True:
+            alert = self._queue.get()
+            if alert is None:
+                return
+            try:
+                self.deliver(alert)
+            except Exception as e:  # noqa: BLE001 - any failure is reported, never raised into the watch
+                self._report(f"{self.name} failed for {alert['rule']} on {alert['run_id']}: {e}")
+            finally:
+                self._queue.task_done()
+
+    def deliver(self, alert: Alert) -> None:
+        raise NotImplementedError
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+
+class CommandNotifier(_Background):
+    """Runs a shell command per alert: the alert as JSON on its stdin and in WORKBENCH_ALERT,
+    its fields in WORKBENCH_ALERT_<FIELD> (RULE, RUN_ID, STEP_FIRED, SEVERITY, MESSAGE, ...).
+    The alert never becomes part of the command text."""
+
+    name = "command"
+
+    def __init__(self, command: str, report: Callable[[str], None], timeout: float = 60.0):
+        self.command, self.timeout = command, timeout
+        super().__init__(report)
+
+    def deliver(self, alert: Alert) -> None:
+        body = alert_json(alert)
+        env = {**os.environ, "WORKBENCH_ALERT": body}
+        env.update({f"WORKBENCH_ALERT_{k.upper()}": "" if v is None else str(v) for k, v in alert.items()})
+        done = subprocess.run(
+            self.command,
+            shell=True,
+            input=body,
+            text=True,
+            env=env,
+            capture_output=True,
+            timeout=self.timeout,
+        )
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
+            raise RuntimeError(f"exit {done.returncode} {tail[0]}".strip())
+
+
+class WebhookNotifier(_Background):
+    """POSTs the alert as a JSON body; retries with exponential backoff on connection errors,
+    5xx and 429 answers (`retries` times, first wait `backoff` seconds, doubling)."""
+
+    name = "webhook"
+
+    def __init__(
+        self,
+        url: str,
+        report: Callable[[str], None],
+        retries: int = 5,
+        backoff: float = 0.5,
+        timeout: float = 10.0,
+    ):
+        self.url, self.retries, self.backoff, self.timeout = url, retries, backoff, timeout
+        super().__init__(report)
+
+    def deliver(self, alert: Alert) -> None:
+        body = alert_json(alert).encode()
+        wait = self.backoff
+        for attempt in range(self.retries + 1):
+            req = urllib.request.Request(
+                self.url,
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/json", "User-Agent": "training-log-workbench"},
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    resp.read()
+                return
+            except urllib.error.HTTPError as e:
+                if e.code < 500 and e.code != 429:
+                    raise RuntimeError(f"HTTP {e.code} from {self.url}") from None
+                why = f"HTTP {e.code}"
+            except (urllib.error.URLError, OSError) as e:
+                why = str(getattr(e, "reason", e))
+            if attempt == self.retries:
+                raise RuntimeError(f"{why} from {self.url}, gave up after {self.retries + 1} tries")
+            time.sleep(wait)
+            wait *= 2
+
+
+def notifiers(
+    notify_cmd: str | None, notify_url: str | None, report: Callable[[str], None]
+) -> list[Notifier]:
+    """stdout always; a command and a webhook when asked for."""
+    out: list[Notifier] = [StdoutNotifier()]
+    if notify_cmd:
+        out.append(CommandNotifier(notify_cmd, report))
+    if notify_url:
+        out.append(WebhookNotifier(notify_url, report))
+    return out
