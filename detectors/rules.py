@@ -45,6 +45,7 @@ TIMING = {"for_steps": 1, "cooldown": 0, "warmup": 0}  # whole numbers, at least
 TEXT = ("on", "description", "severity")
 MAX_SWEEP_POINTS = 1000  # combinations of one rule's sweep ...
 MAX_FILE_POINTS = 10_000  # ... and of every rule of a file: each is a replay over every run
+MAX_FILE_CHARS = 1 << 20
 
 
 class RuleFileError(WorkbenchError):
@@ -176,6 +177,10 @@ def rule_from_table(t: dict, where: str) -> Rule:
     for k in sweep:
         if k not in TIMING and k not in {n.name for n in language.names(tree)}:
             raise RuleFileError(f"{where}: sweep parameter '{k}' does not appear in 'when'")
+        if k not in TIMING and k not in params:
+            raise RuleFileError(
+                f"{where}: sweep parameter '{k}' needs a value in [rule.params] too (replay runs the rule at it)"
+            )
     globs = {n.name for n in language.names(language.substitute(tree, dict.fromkeys(known, 0))) if n.is_glob}
     if len(globs) > 1:
         raise RuleFileError(f"{where}: at most one tag glob per rule, found {sorted(globs)}")
@@ -214,6 +219,10 @@ def load_rule_file(path: str | Path) -> list[Rule]:
 
 def rules_from_text(text: str, where: str = "rules") -> list[Rule]:
     """Rules from the text of a TOML rule file (`where` names it in messages)."""
+    if len(text) > MAX_FILE_CHARS:
+        raise RuleFileError(
+            f"{where}: {len(text):,} characters; a rule file holds at most {MAX_FILE_CHARS:,}"
+        )
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -223,10 +232,12 @@ def rules_from_text(text: str, where: str = "rules") -> list[Rule]:
         raise RuleFileError(f"{where}: no [[rule]] tables found")
     if not all(isinstance(t, dict) for t in tables):
         raise RuleFileError(f"{where}: [[rule]] must be tables")
-    sizes = [_sweep_size(t.get("sweep")) for t in tables]
-    if sum(sizes) > MAX_FILE_POINTS:
+    for i, t in enumerate(tables):
+        _check_table(t, f"{where}: rule #{i + 1}")
+    points = sum(_sweep_size(t.get("sweep")) for t in tables)
+    if points > MAX_FILE_POINTS:
         raise RuleFileError(
-            f"{where}: {len(tables):,} rules with {sum(sizes):,} sweep points in all; the limit is "
+            f"{where}: {len(tables):,} rules with {points:,} sweep points in all; the limit is "
             f"{MAX_FILE_POINTS:,} (split the file)"
         )
     rules = [rule_from_table(t, f"{where}: rule #{i + 1}") for i, t in enumerate(tables)]

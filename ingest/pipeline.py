@@ -46,7 +46,7 @@ from workbench.store import Store, StoreError, StoreWriter
 
 SIG_BYTES = 4096
 FULL_HASH_BYTES = 8 << 20  # the content signature hashes smaller prefixes whole ...
-SAMPLES = 64  # ... and samples this many SIG_BYTES windows of bigger ones
+SAMPLES = 65  # ... and samples this many SIG_BYTES windows of bigger ones (first, middle, last too)
 
 
 @dataclass

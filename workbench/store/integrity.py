@@ -49,19 +49,21 @@ def expected_parts(root: Path, tables: dict[str, pl.DataFrame]) -> pl.DataFrame:
     return parts.with_columns(file=pl.Series(files, dtype=pl.String))
 
 
-def missing_parts(root: Path, parts: pl.DataFrame) -> list[Damage]:
-    """The parts that are not on disk (one listing per run folder, no file opened)."""
-    listed: dict[str, set[str]] = {}
-    out = []
-    for row in parts.iter_rows(named=True):
-        folder, name = os.path.split(row["file"])
-        if folder not in listed:
-            try:
-                listed[folder] = set(os.listdir(folder))
-            except OSError:
-                listed[folder] = set()
-        if name not in listed[folder]:
+def quick_check(root: Path, gen: Path, tables: dict[str, pl.DataFrame] | None = None) -> list[Damage]:
+    """What a stat can tell, without reading a byte of data: the generation's tables and every
+    part present, of the size recorded when it was written. Cheap enough for every connection
+    and every writer (`tables`: the generation's, when already read)."""
+    out = verify_generation(root, gen, sizes_only=True)
+    if out:
+        return out
+    for row in expected_parts(root, tables or read_tables(gen)).iter_rows(named=True):
+        try:
+            size = os.stat(row["file"]).st_size
+        except FileNotFoundError:
             out.append(_damage(root, row, "missing", "is missing"))
+            continue
+        if row["size"] is not None and size != row["size"]:
+            out.append(_damage(root, row, "size", f"has {size:,} bytes, {row['size']:,} were written"))
     return out
 
 
@@ -92,7 +94,7 @@ def verify_parts(root: Path, parts: pl.DataFrame) -> list[Damage]:
     return out
 
 
-def verify_generation(root: Path, gen: Path) -> list[Damage]:
+def verify_generation(root: Path, gen: Path, sizes_only: bool = False) -> list[Damage]:
     """The generation's table files against its manifest (or readable, for one without)."""
     rel = gen.relative_to(root)
     try:
@@ -100,6 +102,8 @@ def verify_generation(root: Path, gen: Path) -> list[Damage]:
     except (OSError, ValueError) as e:
         return [Damage(f"{rel}/{layout.MANIFEST}", "generation", f"cannot be read ({e})")]
     if manifest is None:
+        if sizes_only:
+            return []
         out = []
         for path in sorted(gen.glob("*.parquet")):
             try:
@@ -122,7 +126,7 @@ def verify_generation(root: Path, gen: Path) -> list[Damage]:
                     f"has {path.stat().st_size:,} bytes, {want['size']:,} were written",
                 )
             )
-        elif layout.sha256_file(path) != want["sha256"]:
+        elif not sizes_only and layout.sha256_file(path) != want["sha256"]:
             out.append(Damage(f"{rel}/{name}", "generation", "does not match its sha256 (its bytes changed)"))
     return out
 

@@ -54,9 +54,8 @@ class Store:
             raise StoreError(
                 f"no store at {self.root}. Create one with: workbench ingest PATH --store {self.root}"
             )
-        parts = integrity.expected_parts(self.root, integrity.read_tables(gen))
-        if missing := integrity.missing_parts(self.root, parts):
-            raise StoreError(integrity.damage_message(self.root, missing))
+        if damage := integrity.quick_check(self.root, gen):
+            raise StoreError(integrity.damage_message(self.root, damage))
         con = duckdb.connect(":memory:", config=duckdb_config())
         try:
             for stmt in view_statements(self.root, gen):
@@ -98,12 +97,14 @@ class Store:
 
     def repair(self, reread: check_mod.Reread | None = None, wait_s: float = 60.0) -> check_mod.CheckReport:
         """Repair what `check` finds, under the writer lock; see `workbench.store.check.repair`."""
-        with self._locked(wait_s):
+        with self._locked(wait_s, repairing=True):
             return check_mod.repair(self.root, reread)
 
     @contextlib.contextmanager
-    def _locked(self, wait_s: float) -> Iterator[None]:
-        layout.store_format(self.root)  # never write into a store of a newer format
+    def _locked(self, wait_s: float, repairing: bool = False) -> Iterator[None]:
+        """The writer lock; a writer also (re)writes the marker, which repair judges itself."""
+        if not repairing:
+            layout.store_format(self.root)  # never write into a store of a newer format
         self.root.mkdir(parents=True, exist_ok=True)
         lock = open(self.root / "lock", "a+")  # noqa: SIM115 - held for the whole block
         try:
@@ -112,7 +113,8 @@ class Store:
             lock.truncate()
             lock.write(str(os.getpid()))
             lock.flush()
-            layout.write_marker(self.root)
+            if not repairing:
+                layout.write_marker(self.root)
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)

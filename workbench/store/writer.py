@@ -70,8 +70,8 @@ class StoreWriter:
         # above every generation folder, published or not, so that a new one never lands on one
         self.generation = max([int(g.name[1:]) for g in layout.generations(root)] + [0])
         self.tables = {t: layout.read_meta(t, gen) for t in schema.META_TABLES}
-        if verify and (missing := integrity.missing_parts(root, integrity.expected_parts(root, self.tables))):
-            raise StoreError(integrity.damage_message(root, missing))
+        if verify and gen is not None and (damage := integrity.quick_check(root, gen, self.tables)):
+            raise StoreError(integrity.damage_message(root, damage))
         self.next_chunk_id = int(self.tables["chunks"]["chunk_id"].max() or 0) + 1
         self._new: dict[str, list[pl.DataFrame]] = {t: [] for t in schema.META_TABLES}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet")
@@ -304,6 +304,7 @@ class StoreWriter:
         meta = self.root / "meta"
         tmp = meta / (name + ".tmp")
         cur_tmp = self.root / "CURRENT.tmp"
+        final, published = meta / name, False
         try:
             with disk_full_is_a_store_error(self.root):
                 self._flush_parts()
@@ -316,16 +317,18 @@ class StoreWriter:
                     layout.fsync_file(tmp / f"{t}.parquet")
                 self._derive(tmp, derive or {})
                 layout.write_manifest(tmp)
-                final = meta / name
                 os.replace(tmp, final)
                 layout.fsync_dir(meta)
                 cur_tmp.write_text(name + "\n")
                 layout.fsync_file(cur_tmp)
                 os.replace(cur_tmp, self.root / "CURRENT")
+                published = True
                 layout.fsync_dir(self.root)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)  # give the space back; CURRENT still names the last one
-            cur_tmp.unlink(missing_ok=True)
+            if not published:  # give the space back; CURRENT still names the last generation
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.rmtree(final, ignore_errors=True)
+                cur_tmp.unlink(missing_ok=True)
             raise
         for t in schema.META_TABLES:
             self.tables[t] = self.table(t)
