@@ -45,6 +45,7 @@ from workbench.errors import NotFoundError
 from workbench.store import Store, StoreError, StoreWriter
 
 SIG_BYTES = 4096
+NOT_READ = ("not_read", "labels_error", "checkpoint_error")  # problems of things not read at all
 FULL_HASH_BYTES = 8 << 20  # the content signature hashes smaller prefixes whole ...
 SAMPLES = 65  # ... and samples this many SIG_BYTES windows of bigger ones (first, middle, last too)
 
@@ -151,6 +152,7 @@ def ingest(
             raise NotFoundError(f"{p}: no such file or folder")
     with store.writer(wait_s=wait_s) as w:
         w.set_sources(precedence(ingestors))
+        w.clear_problems([str(p.absolute()) for p in paths], NOT_READ)  # found again below if they still are
         roots = w.table("roots")["root"].to_list()
         work = []
         for root in paths:
@@ -181,8 +183,8 @@ def ingest(
                 note = f.problem or f.note
                 if prev is None or prev["note"] != note:
                     w.set_file(_file_row(f, run_id, "skipped" if f.problem is None else "error", note=note))
-                    if f.problem:
-                        _set_problem(w, report, f.path, run_id, "not_read", f.problem)
+                if f.problem:
+                    _set_problem(w, report, f.path, run_id, "not_read", f.problem)
                 continue
             appendable = by_name[f.format].appendable and not is_gz(f.path)
             try:

@@ -342,3 +342,16 @@ def test_a_7MB_gz_bomb_and_a_200MB_line_keep_memory_bounded(tmp_path):
     grew_kb, kinds = out.split(" ", 1)
     assert "gz_too_large" in kinds and "line_too_long" in kinds
     assert int(grew_kb) < 300_000, f"peak RSS grew by {int(grew_kb) / 1e6:.2f} GB"
+
+
+def test_a_file_not_read_is_one_problem_row_until_it_goes(tmp_path):
+    tbx_scalars(tmp_path / "runs/a", {"loss": [(0, 1.0)]})
+    fifo = tmp_path / "runs/a/events.out.tfevents.9.host"
+    os.mkfifo(fifo)
+    store = Store(tmp_path / "store")
+    for _ in range(2):
+        ingest_paths(store, tmp_path / "runs")
+        assert q(store, "SELECT path, kind FROM problems").rows() == [(str(fifo), "not_read")]
+    fifo.unlink()
+    ingest_paths(store, tmp_path / "runs")
+    assert q(store, "SELECT count(*) n FROM problems")["n"][0] == 0

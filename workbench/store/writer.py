@@ -242,6 +242,15 @@ class StoreWriter:
         """Insert or replace a file's manifest row."""
         self._replace("files", pl.col("path") != row["path"], [row])
 
+    def clear_problems(self, under: list[str], kinds: tuple[str, ...]) -> None:
+        """Forget the problems of these kinds recorded for paths under these folders (or files)."""
+        inside = pl.lit(False)
+        for root in under:
+            inside = (
+                inside | (pl.col("path") == root) | pl.col("path").str.starts_with(root.rstrip("/") + "/")
+            )
+        self._replace("problems", ~(pl.col("kind").is_in(list(kinds)) & inside))
+
     def set_problems(self, path: str, kind: str, rows: list[dict]) -> None:
         """Replace the problems of one kind recorded for `path` (a file that could not be read)."""
         self._replace("problems", (pl.col("path") != path) | (pl.col("kind") != kind), rows)
