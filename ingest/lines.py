@@ -163,12 +163,12 @@ def line_blocks(path: Path, start: int) -> Iterator[tuple[int, int, list, tuple[
     """Yield (start, end, lines, stop) for the complete lines after byte `start`, a block at a time.
 
     A trailing line without a newline is held back (the writer may be mid-line) unless the
-    file has not changed for SETTLED_S seconds. A line longer than MAX_LINE_BYTES is a LongLine
+    file has not changed for SETTLED_S seconds or is a `.gz`. A line longer than MAX_LINE_BYTES is a LongLine
     in `lines`. A `.gz` is streamed whole from 0 (offsets are compressed bytes); when it is
     damaged or expands past its cap, the lines before are kept and `stop` (kind, message) of the
     last block says why reading stopped.
     """
-    settled = is_settled(path)
+    settled = is_gz(path) or is_settled(path)  # a .gz is a finished archive, not a growing log
     with open(path, "rb") as raw:
         if is_gz(path):
             start = 0
@@ -209,7 +209,8 @@ def line_blocks(path: Path, start: int) -> Iterator[tuple[int, int, list, tuple[
                     skipped, carry = len(carry), b""
             held = len(carry) + max(skipped, 0)  # bytes of an unfinished last line
             if last and settled and held:
-                lines.append(_decode_line(carry) if carry else LongLine(skipped))
+                if stop is None:  # a line cut by damage or the cap is not read
+                    lines.append(_decode_line(carry) if carry else LongLine(skipped))
                 held = 0
             end = raw.tell() if cap is not None else start + total - held
             if lines or stop:
@@ -272,7 +273,7 @@ def loads_json(text: str | bytes):
                 f"not UTF-8 text (byte 0x{text[e.start]:02x} at offset {e.start})", line
             ) from None
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
-        raise JsonError(f"nested more than {MAX_JSON_DEPTH} levels deep") from None
+        raise JsonError(f"nested more than {MAX_JSON_DEPTH} levels deep")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

@@ -1,10 +1,9 @@
 """`workbench ingest`: discover, fingerprint, read what is new, write, commit.
 
-Incremental by a per-file manifest (size, mtime, consumed bytes, hashes of the first bytes, of
-the bytes before the resume point, and of the whole consumed range (sampled for big files)): an
-unchanged file is not opened; a grown file is read from where the last ingest stopped; a
-rewritten file (shorter, or different bytes before the resume point) is dropped and re-read
-alone. Files that disappeared keep their stored points.
+Incremental by a per-file manifest (size, mtime, consumed bytes, a hash of the bytes consumed,
+sampled for big files): an unchanged file is not opened; a grown file is read from where the
+last ingest stopped; a rewritten file (shorter, or different bytes before the resume point) is
+dropped and re-read alone. Files that disappeared keep their stored points.
 
 One bad file never costs the rest: whatever goes wrong with one file (its format cannot be
 told, its reader fails, it vanishes mid-read, it is a FIFO) becomes a `problems` row naming it,
@@ -69,13 +68,6 @@ class IngestReport:
         return self.files_read + self.files_unchanged
 
 
-def _sig(path: Path, start: int, end: int) -> str:
-    start = max(0, start)
-    with open(path, "rb") as f:
-        f.seek(start)
-        return hashlib.sha1(f.read(max(0, end - start))).hexdigest()
-
-
 def content_sig(path: Path, end: int, whole: bool) -> str:
     """A hash of the file's first `end` bytes: all of them for a file that is re-read whole
     anyway (`whole`) or up to FULL_HASH_BYTES, else SAMPLES windows spread evenly over them,
@@ -92,7 +84,11 @@ def content_sig(path: Path, end: int, whole: bool) -> str:
 
 
 def _plan(found: Found, run_id: str, prev: dict | None, appendable: bool) -> tuple[str, int]:
-    """('unchanged' | 'append' | 'reread' | 'new', offset to read from)."""
+    """('new' | 'unchanged' | 'touched' | 'append' | 'reread', offset to read from).
+
+    A file whose size and mtime are as recorded is unchanged. Otherwise the bytes read before
+    must be the same (`content_sig`) before the resume point is trusted: then a file of the same
+    size was only touched, a longer one grew; anything else is read again from the start."""
     st = found.path.stat()
     if not stat.S_ISREG(st.st_mode):
         raise OSError(f"{found.path} is no longer a regular file")
@@ -102,22 +98,12 @@ def _plan(found: Found, run_id: str, prev: dict | None, appendable: bool) -> tup
         return "reread", 0
     if st.st_size == prev["size"] and st.st_mtime_ns == prev["mtime_ns"]:
         return "unchanged", prev["consumed"]
-    # touched: trust the resume point only when the bytes before it are the ones read
     consumed = prev["consumed"]
-    if st.st_size < consumed:
-        return "reread", 0
-    if _sig(found.path, 0, min(SIG_BYTES, consumed)) != prev["head_sig"]:
-        return "reread", 0
-    if _sig(found.path, consumed - SIG_BYTES, consumed) != prev["tail_sig"]:
-        return "reread", 0
-    if (
-        prev["content_sig"] is None
-        or content_sig(found.path, consumed, not appendable) != prev["content_sig"]
-    ):
+    if st.st_size < consumed or prev["content_sig"] != content_sig(found.path, consumed, not appendable):
         return "reread", 0
     if st.st_size == consumed:
         return "touched", consumed
-    return ("append" if appendable else "reread"), consumed if appendable else 0
+    return ("append", consumed) if appendable else ("reread", 0)
 
 
 def _base_for(root: Path, roots: list[str]) -> Path:
@@ -304,8 +290,6 @@ def _file_row(f: Found, run_id: str, status: str, **kw) -> dict:
         "size": size,
         "mtime_ns": mtime_ns,
         "consumed": 0,
-        "head_sig": None,
-        "tail_sig": None,
         "content_sig": None,
         "first_wall_time": None,
         "records": 0,
@@ -389,13 +373,9 @@ def _read_file(
     report.files_read += 1
     report.runs.add(run_id)
     try:
-        sigs = {
-            "head_sig": _sig(f.path, 0, min(SIG_BYTES, consumed)),
-            "tail_sig": _sig(f.path, consumed - SIG_BYTES, consumed),
-            "content_sig": content_sig(f.path, consumed, whole=not appendable),
-        }
+        sig = content_sig(f.path, consumed, whole=not appendable)
     except OSError:  # gone mid-read: no signature, so a file that comes back is read anew
-        sigs = {}
+        sig = None
     w.set_file(
         _file_row(
             f,
@@ -411,7 +391,7 @@ def _read_file(
             note=note,
             state=json.dumps(state, sort_keys=True) if state else None,
             contents=json.dumps(dict(sorted(contents.items()))) if contents else None,
-            **sigs,
+            content_sig=sig,
         )
     )
 

@@ -292,3 +292,19 @@ def test_a_writer_opened_for_repair_skips_the_part_check(two_generations):
     with pytest.raises(StoreError, match="is missing"):
         StoreWriter(store.root)
     StoreWriter(store.root, verify=False).close()
+
+
+def test_a_first_ingest_killed_before_it_published_is_not_damage(tmp_path):
+    """Parts and a renamed generation, but no CURRENT ever written: what kill -9 leaves of a first
+    ingest. Nothing ever referred to them, so the next ingest collects them and starts over."""
+    _logs(tmp_path / "logs")
+    store = Store(tmp_path / "store")
+    ingest_paths(store, tmp_path / "logs")
+    for name in ("CURRENT", "catalog.duckdb"):
+        (store.root / name).unlink()
+    (store.root / layout.MARKER).write_text("")  # as it is before the first publish
+    assert not store.exists()  # not yet written, not damaged
+    ingest_paths(store, tmp_path / "logs")
+    assert _points(store) == EXPECTED and cli(store, "check")[0] == 0
+    assert [g.name for g in layout.generations(store.root)] == ["g00000002"]
+    assert len(list((store.root / "scalars").glob("*/*"))) == 3  # the leftovers were collected

@@ -1,7 +1,8 @@
 """Where things live inside a store folder: the one module that builds store paths.
 
-WORKBENCH_STORE                marks the folder as a store (so ingest never reads its files) and
-                               names its format version ("training-log-workbench store, format 1")
+WORKBENCH_STORE                marks the folder as a store (so ingest never reads its files); from
+                               the first publish on, names its format version
+                               ("training-log-workbench store, format 1")
 CURRENT                        name of the live metadata generation (replaced atomically)
 meta/gNNNNNNNN/*.parquet       one immutable generation: files, chunks, chunk_tags, parts, ...
 meta/gNNNNNNNN/MANIFEST.json   size and sha256 of each of its tables
@@ -104,8 +105,17 @@ def store_format(root: Path) -> int | None:
     return version
 
 
+def published(root: Path) -> bool:
+    """Whether a generation was ever published here: the marker names a format (it is written
+    at the first publish) or catalog.duckdb (rebuilt after every publish, also by stores from
+    before format versions) is there. Without either, what lies in the folder are leftovers of
+    a first ingest that was killed: nothing refers to them."""
+    marker = root / MARKER
+    return (root / "catalog.duckdb").exists() or (marker.is_file() and marker.stat().st_size > 0)
+
+
 def write_marker(root: Path) -> None:
-    """Mark the folder as a store of this format (a marker from before versions is rewritten)."""
+    """Name this format in the marker (after a publish; a marker from before versions is rewritten)."""
     marker = root / MARKER
     if marker.is_file() and marker.read_text(errors="replace") == MARKER_TEXT:
         return
@@ -125,12 +135,15 @@ def generations(root: Path) -> list[Path]:
 def current_generation(root: Path) -> Path | None:
     """The live metadata generation named by CURRENT, or None for a store not yet written.
 
-    A store that holds generations or parts but no valid CURRENT is damaged, not empty:
-    StoreError, so that nothing answers from it (or collects its garbage) as if it were empty.
+    A store that has published and holds generations or parts but no valid CURRENT is damaged,
+    not empty: StoreError, so that nothing answers from it (or collects its garbage) as if it
+    were empty.
     """
     try:
         text = (root / "CURRENT").read_text(errors="replace")
     except FileNotFoundError:
+        if not published(root):
+            return None
         gens = generations(root)
         parts = any(next((root / k).glob("*/*"), None) for k in schema.PART_KINDS if (root / k).is_dir())
         if gens or parts:
@@ -150,8 +163,9 @@ def current_generation(root: Path) -> Path | None:
 
 
 def read_meta(table: str, generation: Path | None) -> pl.DataFrame:
-    """One metadata table of a generation; tables or columns newer than the store read as empty/null.
-    A table that cannot be read is damage: StoreError."""
+    """One metadata table of a generation, in today's columns: tables or columns newer than the
+    store read as empty/null, columns no longer kept are left out. A table that cannot be read is
+    damage: StoreError."""
     path = generation / f"{table}.parquet" if generation is not None else None
     if path is None or not path.exists():
         return schema.empty(schema.META_TABLES[table])
@@ -163,9 +177,8 @@ def read_meta(table: str, generation: Path | None) -> pl.DataFrame:
             f"the store at {root} is damaged: {path.relative_to(root)} cannot be read ({str(e).splitlines()[0]}); "
             + repair_hint(root)
         ) from None
-    return df.with_columns(
-        [pl.lit(None, t).alias(c) for c, t in schema.META_TABLES[table].items() if c not in df.columns]
-    )
+    sch = schema.META_TABLES[table]
+    return df.select([pl.col(c) if c in df.columns else pl.lit(None, t).alias(c) for c, t in sch.items()])
 
 
 def sha256_file(path: Path) -> str:

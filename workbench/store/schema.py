@@ -28,9 +28,7 @@ FILES = {
     "size": pl.Int64,
     "mtime_ns": pl.Int64,
     "consumed": pl.Int64,  # bytes read so far; the next ingest resumes here
-    "head_sig": pl.String,  # hash of the first bytes, to tell a rewrite from an append
-    "tail_sig": pl.String,  # hash of the bytes just before `consumed`
-    "content_sig": pl.String,  # hash of bytes [0, consumed): whole, or sampled for big appendable files
+    "content_sig": pl.String,  # hash of bytes [0, consumed) (sampled for big appendable files): rewrite or append?
     "first_wall_time": pl.Float64,  # orders a run's files into segments
     "records": pl.Int64,
     "points": pl.Int64,

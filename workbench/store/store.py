@@ -102,7 +102,7 @@ class Store:
 
     @contextlib.contextmanager
     def _locked(self, wait_s: float, repairing: bool = False) -> Iterator[None]:
-        """The writer lock; a writer also (re)writes the marker, which repair judges itself."""
+        """The writer lock (repair judges the marker's format itself)."""
         if not repairing:
             layout.store_format(self.root)  # never write into a store of a newer format
         self.root.mkdir(parents=True, exist_ok=True)
@@ -113,8 +113,7 @@ class Store:
             lock.truncate()
             lock.write(str(os.getpid()))
             lock.flush()
-            if not repairing:
-                layout.write_marker(self.root)
+            (self.root / layout.MARKER).touch()  # a store from the start: ingest never reads it
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)

@@ -62,8 +62,8 @@ class StoreWriter:
     """Stages changes to the store; nothing is visible until `commit()`."""
 
     def __init__(self, root: Path, verify: bool = True):
-        """`verify`: refuse a store whose parts are missing (`workbench check --repair` opens it
-        without, to repair it)."""
+        """`verify`: refuse a store whose tables or parts are missing or cut short (`workbench
+        check --repair` opens it without, to repair it)."""
         self.root = root
         gen = layout.current_generation(root)
         self.previous = gen
@@ -333,6 +333,7 @@ class StoreWriter:
                 os.replace(cur_tmp, self.root / "CURRENT")
                 published = True
                 layout.fsync_dir(self.root)
+                layout.write_marker(self.root)
         except BaseException:
             if not published:  # give the space back; CURRENT still names the last generation
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -403,11 +404,9 @@ class StoreWriter:
             for p in meta.iterdir():
                 if p.name.endswith(".tmp"):
                     shutil.rmtree(p, ignore_errors=True)
-        current = self.previous  # None only for a store with no generation and no part
-        if current is None:
-            return
+        current = self.previous  # None: nothing was ever published, all is a killed writer's
         gens = layout.generations(self.root)
-        keep = [g for g in gens if g <= current][-2:]  # readers may lag one
+        keep = [g for g in gens if current is not None and g <= current][-2:]  # readers may lag one
         for g in gens:
             if g not in keep:
                 shutil.rmtree(g, ignore_errors=True)
