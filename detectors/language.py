@@ -236,7 +236,10 @@ class _Parser:
         self.expect("(")
         args = []
         while True:
-            args.append(self.expr(0))
+            arg = self.expr(0)
+            if isinstance(arg, Unary) and arg.op == "-" and isinstance(arg.arg, Num):
+                arg = Num(-arg.arg.value)  # a negative window is a number, checked as one
+            args.append(arg)
             if self.peek()[1] == ",":
                 self.take()
                 continue

@@ -127,8 +127,10 @@ def _check_table(t: dict, where: str) -> None:
         if key in t and not _is_whole(t[key], least):
             raise RuleFileError(f"{where}: '{key}' must be a whole number >= {least}, got {t[key]!r}")
     for key in TEXT:
-        if key in t and (not isinstance(t[key], str) or (key == "on" and not t[key].strip())):
+        if key in t and not isinstance(t[key], str):
             raise RuleFileError(f"{where}: '{key}' must be a string, got {t[key]!r}")
+    if "on" in t and not t["on"].strip():
+        raise RuleFileError(f"{where}: 'on' must name a metric or tag")
     params, sweep = t.get("params", {}), t.get("sweep", {})
     if not isinstance(params, dict) or not isinstance(sweep, dict):
         raise RuleFileError(f"{where}: [rule.params] maps names to numbers; [rule.sweep] maps names to lists")

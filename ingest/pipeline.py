@@ -231,7 +231,7 @@ def _set_problem(w: StoreWriter, report: IngestReport, path: Path, run_id, kind:
     """The one problem row of something that was not read (replacing the last ingest's)."""
     problem = Problem(0, kind, message)
     report.problems.append((str(path), problem))
-    w.set_problems(str(path), kind, [_problem_row(str(path), run_id, problem)])
+    w.set_problems(str(path), [_problem_row(str(path), run_id, problem)], kind)
 
 
 def _problem_row(path: str, run_id: str | None, p: Problem) -> dict:
@@ -260,6 +260,7 @@ def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: Ing
         ],
     )
     report.problems.extend((str(path), p) for p in problems)
+    w.set_problems(str(path), [_problem_row(str(path), None, p) for p in problems])  # read whole each time
     report.labels += len(rows)
 
 

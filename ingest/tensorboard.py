@@ -94,9 +94,8 @@ class TensorBoardIngestor(Ingestor):
                 )
             else:
                 kind, why = "bad_length_crc", f"record length corrupt at byte {at}"
-            batch.problems.append(
-                Problem(at, kind, f"{why}; skipped {skipped} bytes to the next valid record")
-            )
+            to = "to the next valid record" if g1 < len(buf) else "to the end of what was written"
+            batch.problems.append(Problem(at, kind, f"{why}; skipped {skipped} bytes {to}"))
         parts = []
         # threads decode consecutive record ranges; their outputs are merged as compact Points
         for lo, (status, what, wall, step, sess, vals, fvals) in self._decode_parallel(buf, offs, lens):

@@ -182,7 +182,7 @@ def build_corpus(root: Path) -> tuple[dict[str, Case], dict[str, set]]:
     cases["text_log_huge_step"] = Case(path, "bad_record")
     # an unreadable labels.toml beside the runs
     (root / "labels.toml").write_bytes(b"\xff\xfe" + rng.randbytes(64))
-    cases["labels_binary"] = Case(root / "labels.toml", "labels_error")
+    cases["labels_binary"] = Case(root / "labels.toml", "bad_toml")
     return cases, good
 
 

@@ -74,7 +74,11 @@ REFUSED = {
     "slope(x, 0)": (rule("slope(loss, 0) < 0"), "slope(): the window must be a whole number from 2"),
     "slope(x, 1)": (rule("slope(loss, 1) < 0"), "from 2 to 1,000,000, got 1"),
     "std(x, 2.5)": (rule("loss > std(loss, 2.5)"), "got 2.5"),
-    "delta(x, -1)": (rule("delta(loss, -1) > 0"), "must be a number or a parameter"),
+    "delta(x, -1)": (
+        rule("delta(loss, -1) > 0"),
+        "delta(): the lag must be a whole number from 1 to 1,000,000, got -1",
+    ),
+    "ema(x, loss)": (rule("loss > ema(loss, loss * 2)"), "must be a number or a parameter"),
     "ema(x, 1.5)": (rule("loss > ema(loss, 1.5)"), "ema(): the smoothing weight must be a number in [0, 1)"),
     "mean(x, w) with w = 1e30": (rule("loss > mean(loss, w)", "[rule.params]\nw = 1e30\n"), "got 1e+30"),
     "mean(x, w) swept to 0": (
@@ -95,7 +99,7 @@ REFUSED = {
         "params.n must be a finite number",
     ),
     "on = 5": (rule("loss > 1", "on = 5\n"), "'on' must be a string, got 5"),
-    "on = ''": (rule("loss > 1", 'on = ""\n'), "'on' must be a string"),
+    "on = ''": (rule("loss > 1", 'on = ""\n'), "'on' must name a metric or tag"),
     "description = 5": (rule("loss > 1", "description = 5\n"), "'description' must be a string"),
     "severity = [1]": (rule("loss > 1", "severity = [1]\n"), "'severity' must be a string"),
     "for_steps = true": (

@@ -127,12 +127,22 @@ def test_a_damaged_part_whose_log_is_gone_is_dropped_with_a_report(two_generatio
     _part(store, "b").unlink()
     shutil.rmtree(logs / "b")
     code, out, _ = cli(store, "check", "--repair")
-    assert code == 0 and f"{lost} points of 1 chunks were lost" in out
+    assert code == 0 and f"{lost} points of 1 chunks lost" in out
     assert _points(store) == EXPECTED - lost
     runs = dict(q(store, "SELECT run_id, points FROM runs").rows())
     assert runs["b"] == 0 and runs["a"] == JSONL_LINES * 2
     problem = q(store, "SELECT kind, message FROM problems WHERE run_id = 'b'").rows()
     assert problem[0][0] == "store_damage" and "log file is gone" in problem[0][1]
+
+
+def test_a_damaged_events_part_whose_log_is_gone_costs_only_the_events(two_generations):
+    logs, store = two_generations
+    _part(store, "c", "events").unlink()
+    shutil.rmtree(logs / "c")
+    code, out, _ = cli(store, "check", "--repair")
+    assert code == 0 and "the events of 1 chunks lost" in out
+    assert _points(store) == EXPECTED
+    assert q(store, "SELECT count(*) AS n FROM events")["n"][0] == 0
 
 
 @pytest.mark.parametrize("how", ["truncated", "flipped"])

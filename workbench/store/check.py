@@ -78,7 +78,7 @@ def check(root: Path) -> CheckReport:
     return report
 
 
-def repair(root: Path, reread: Reread | None = None) -> CheckReport:
+def repair(root: Path, reread: Reread) -> CheckReport:
     """Repair what `check` finds; the caller holds the writer lock."""
     report = check(root)
     if not report.damage:
@@ -147,22 +147,20 @@ def _restore_generation(root: Path, report: CheckReport) -> bool:
     return True
 
 
-def _repair_parts(root: Path, damage: list[Damage], reread: Reread | None, report: CheckReport) -> None:
-    """Re-read the logs of damaged parts; drop the chunks whose logs are gone."""
+def _repair_parts(root: Path, damage: list[Damage], reread: Reread, report: CheckReport) -> None:
+    """Re-read the logs of damaged parts; drop what they held when their logs are gone."""
     for d in damage:  # dropped below; a reader's glob over the parts must not trip on them
         (root / d.path).unlink(missing_ok=True)
     w = StoreWriter(root, verify=False)
     try:
-        files = w.table("files")
-        sources = sorted({d.source for d in damage if d.source})
-        present = [s for s in sources if reread is not None and os.path.isfile(s)]
-        gone = [s for s in sources if s not in present]
-        rows = files.filter(pl.col("path").is_in(present)).to_dicts()
+        sources = sorted({d.source for d in damage})
+        present = [s for s in sources if os.path.isfile(s)]
+        rows = w.table("files").filter(pl.col("path").is_in(present)).to_dicts()
         for path in present:
             w.drop_file(path)
         if rows:
             report.repaired += reread(w, rows)
-        for path in gone:
+        for path in sorted(set(sources) - set(present)):
             _drop_lost(w, path, [d for d in damage if d.source == path], report)
         w.commit()
     finally:
@@ -170,20 +168,29 @@ def _repair_parts(root: Path, damage: list[Damage], reread: Reread | None, repor
 
 
 def _drop_lost(w: StoreWriter, path: str, damage: list[Damage], report: CheckReport) -> None:
-    ids = sorted({d.chunk_id for d in damage})
-    chunks = w.table("chunks").filter(pl.col("chunk_id").is_in(ids))
-    lost = int(chunks["rows"].sum())
-    w.drop_chunks(ids)
-    message = (
-        f"{lost:,} points of {len(ids)} chunks were lost: their Parquet parts were damaged "
-        "and this log file is gone, so they cannot be read again"
+    """A damaged part whose log is gone: its chunk goes (points and events) when its points were
+    damaged; only the events part goes when only that was."""
+    scalars = sorted({d.chunk_id for d in damage if d.part == "scalars"})
+    events = sorted({d.chunk_id for d in damage if d.part == "events"} - set(scalars))
+    chunks = w.table("chunks").filter(pl.col("chunk_id").is_in(scalars))
+    points = int(chunks["rows"].sum())
+    w.drop_chunks(scalars)
+    w.drop_parts(events, "events")
+    lost = ", ".join(
+        what
+        for n, what in (
+            (scalars, f"{points:,} points of {len(scalars)} chunks"),
+            (events, f"the events of {len(events)} chunks"),
+        )
+        if n
     )
+    message = f"{lost} lost: their Parquet parts were damaged and this log file is gone, so they cannot be read again"
     row = w.file_row(path)
     if row is not None:
         w.set_file(
             {
                 **row,
-                "points": max(0, row["points"] - lost),
+                "points": max(0, row["points"] - points),
                 "problems": row["problems"] + 1,
                 "status": "problems",
             }
@@ -193,7 +200,7 @@ def _drop_lost(w: StoreWriter, path: str, damage: list[Damage], report: CheckRep
         [
             {
                 "path": path,
-                "run_id": chunks["run_id"][0] if chunks.height else None,
+                "run_id": row["run_id"] if row else None,
                 "offset": 0,
                 "kind": "store_damage",
                 "message": message,

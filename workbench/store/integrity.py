@@ -29,6 +29,7 @@ class Damage:
     message: str
     chunk_id: int | None = None
     source: str | None = None  # the log file whose points or events the part held
+    part: str | None = None  # scalars | events
 
 
 def expected_parts(root: Path, tables: dict[str, pl.DataFrame]) -> pl.DataFrame:
@@ -146,4 +147,4 @@ def _damage(root: Path, row: dict, kind: str, what: str) -> Damage:
     rel = os.path.relpath(row["file"], root)
     held = "points" if row["kind"] == "scalars" else "events"
     of = f"{held} of chunk {row['chunk_id']}, from {row['source']}"
-    return Damage(rel, kind, f"{what} ({of})", row["chunk_id"], row["source"])
+    return Damage(rel, kind, f"{what} ({of})", row["chunk_id"], row["source"], row["kind"])

@@ -95,7 +95,7 @@ class Store:
             finally:
                 w.close()
 
-    def repair(self, reread: check_mod.Reread | None = None, wait_s: float = 60.0) -> check_mod.CheckReport:
+    def repair(self, reread: check_mod.Reread, wait_s: float = 60.0) -> check_mod.CheckReport:
         """Repair what `check` finds, under the writer lock; see `workbench.store.check.repair`."""
         with self._locked(wait_s, repairing=True):
             return check_mod.repair(self.root, reread)

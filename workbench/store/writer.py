@@ -87,6 +87,13 @@ class StoreWriter:
         for t in ("files", "problems", "evidence"):
             self._replace(t, pl.col("path") != path)
 
+    def drop_parts(self, chunk_ids: list[int], kind: str) -> None:
+        """Forget one kind of part of these chunks (the chunks stay)."""
+        gone = pl.col("chunk_id").is_in(pl.Series(chunk_ids, dtype=pl.Int64).implode()) & (
+            pl.col("kind") == kind
+        )
+        self._replace("parts", ~gone)
+
     def drop_chunks(self, chunk_ids: list[int]) -> None:
         """Forget chunks (their parts become garbage for the next writer)."""
         self._flush_parts()
@@ -251,9 +258,10 @@ class StoreWriter:
             )
         self._replace("problems", ~(pl.col("kind").is_in(list(kinds)) & inside))
 
-    def set_problems(self, path: str, kind: str, rows: list[dict]) -> None:
-        """Replace the problems of one kind recorded for `path` (a file that could not be read)."""
-        self._replace("problems", (pl.col("path") != path) | (pl.col("kind") != kind), rows)
+    def set_problems(self, path: str, rows: list[dict], kind: str | None = None) -> None:
+        """Replace the problems recorded for `path` (of one kind, if given)."""
+        keep = pl.col("path") != path
+        self._replace("problems", keep if kind is None else keep | (pl.col("kind") != kind), rows)
 
     def set_alerts(self, rule_ids: list[str], runs: list[str], alerts: pl.DataFrame) -> None:
         """Replace the alerts of these rules on these runs (a replay's selection)."""
