@@ -43,10 +43,7 @@ def expected_parts(root: Path, tables: dict[str, pl.DataFrame]) -> pl.DataFrame:
         .select(recorded.columns)
     )
     parts = pl.concat([recorded, legacy]).sort("chunk_id", "kind")
-    files = [
-        str(layout.part_path(root, k, r, c))
-        for k, r, c in zip(parts["kind"], parts["run_id"], parts["chunk_id"], strict=True)
-    ]
+    files = layout.part_files(root, parts["kind"], parts["run_id"], parts["chunk_id"])
     return parts.with_columns(file=pl.Series(files, dtype=pl.String))
 
 
@@ -57,14 +54,17 @@ def quick_check(root: Path, gen: Path, tables: dict[str, pl.DataFrame] | None = 
     out = verify_generation(root, gen, sizes_only=True)
     if out:
         return out
-    for row in expected_parts(root, tables or read_tables(gen)).iter_rows(named=True):
+    parts = expected_parts(root, tables or read_tables(gen))
+    for i, (file, want) in enumerate(zip(parts["file"], parts["size"], strict=True)):
         try:
-            size = os.stat(row["file"]).st_size
+            size = os.stat(file).st_size
         except FileNotFoundError:
-            out.append(_damage(root, row, "missing", "is missing"))
+            out.append(_damage(root, parts.row(i, named=True), "missing", "is missing"))
             continue
-        if row["size"] is not None and size != row["size"]:
-            out.append(_damage(root, row, "size", f"has {size:,} bytes, {row['size']:,} were written"))
+        if want is not None and size != want:
+            out.append(
+                _damage(root, parts.row(i, named=True), "size", f"has {size:,} bytes, {want:,} were written")
+            )
     return out
 
 

@@ -64,8 +64,17 @@ def event_part(root: Path, run_id: str, chunk_id: int) -> Path:
     return root / "events" / run_key(run_id) / f"e{chunk_id}.parquet"
 
 
-def part_path(root: Path, kind: str, run_id: str, chunk_id: int) -> Path:
-    return scalar_part(root, run_id, chunk_id) if kind == "scalars" else event_part(root, run_id, chunk_id)
+def part_files(root: Path, kinds, run_ids, chunk_ids) -> list[str]:
+    """The paths of many parts as strings, as `scalar_part` and `event_part` name them (one run
+    key per run)."""
+    folders: dict[tuple[str, str], str] = {}
+    out = []
+    for kind, run_id, chunk_id in zip(kinds, run_ids, chunk_ids, strict=True):
+        folder = folders.get((kind, run_id))
+        if folder is None:
+            folder = folders[kind, run_id] = str(root / kind / run_key(run_id))
+        out.append(f"{folder}/{'c' if kind == 'scalars' else 'e'}{chunk_id}.parquet")
+    return out
 
 
 def repair_hint(root: Path) -> str:

@@ -424,8 +424,11 @@ class StoreWriter:
                 chunks = pl.read_parquet(g / "chunks.parquet", columns=["chunk_id", "run_id"], glob=False)
             except Exception:  # noqa: BLE001 - unreadable: which parts it lists is unknown
                 return
-            for c, r in zip(chunks["chunk_id"].to_list(), chunks["run_id"].to_list(), strict=True):
-                live.update(layout.part_path(self.root, k, r, c) for k in schema.PART_KINDS)
+            for kind in schema.PART_KINDS:
+                n = chunks.height
+                live.update(
+                    map(Path, layout.part_files(self.root, [kind] * n, chunks["run_id"], chunks["chunk_id"]))
+                )
         for kind in schema.PART_KINDS:
             if (self.root / kind).is_dir():
                 for part in (self.root / kind).glob("*/*"):
