@@ -113,7 +113,12 @@ def _current_or_damage(root: Path, report: CheckReport) -> Path | None:
             name = (root / "CURRENT").read_text(errors="replace").strip()
             what = f"names {name[:40]!r}, which is no generation in meta/"
         except FileNotFoundError:
-            what = f"is missing, but the store holds {len(layout.generations(root))} generations"
+            n = len(layout.generations(root))
+            what = (
+                f"is missing, and the store holds {n} generations"
+                if n
+                else "is missing, and so is every generation"
+            )
         report.damage.append(Damage("CURRENT", "current", what))
         return None
 

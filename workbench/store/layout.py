@@ -11,7 +11,7 @@ events/<run-key>/eN.parquet    events of one chunk
 catalog.duckdb                 views for the duckdb CLI, rebuilt (temp + rename) on each commit
 lock                           held by the one process that may write
 
-A store written before format versions has an empty marker; it is format 1.
+An empty marker (a store written before format versions, or one not yet published) is format 1.
 """
 
 from __future__ import annotations
@@ -156,9 +156,9 @@ def current_generation(root: Path) -> Path | None:
         gens = generations(root)
         parts = any(next((root / k).glob("*/*"), None) for k in schema.PART_KINDS if (root / k).is_dir())
         if gens or parts:
-            held = f"{len(gens)} metadata generations" if gens else "Parquet parts but no metadata"
+            held = f"{len(gens)} metadata generations" if gens else "Parquet parts and no metadata"
             raise StoreError(
-                f"the store at {root} is damaged: CURRENT is missing but it holds {held}; {repair_hint(root)}"
+                f"the store at {root} is damaged: CURRENT is missing, and it holds {held}; {repair_hint(root)}"
             ) from None
         return None
     name = text.strip()
