@@ -9,6 +9,11 @@ Precedence, loosest first: `or`, `and`, `not`, comparisons (< <= > >= == !=), `+
 unary minus. Names are canonical metrics (`loss`, `grad_norm`, ...) or tags; a tag with
 characters outside [A-Za-z0-9_.] goes in backticks, and a `*` inside backticks is a glob (one
 evaluation per matching tag). Functions: see FUNCTIONS.
+
+Rule text may be typed by anyone (the app's backtest page parses it too), so parsing is linear
+and bounded: at most MAX_RULE_CHARS characters, MAX_DEPTH levels of operators and parentheses,
+and every window or weight checked against its function's range (WINDOWS) when it is written
+as a number, or once its parameter is known (`check_numbers`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,24 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "pct_change": (("s", "n"), "relative change from the value k logged values earlier"),
     "max_first": (("s", "n"), "maximum of the series' first n values (known once n are logged)"),
     "abs": (("s",), "absolute value"),
+}
+
+
+MAX_RULE_CHARS = 4096
+MAX_DEPTH = 100  # nested parentheses, `not`s and chained operators together
+MAX_WINDOW = 1_000_000  # logged points a window may span
+
+# the number argument of each function: (least, greatest, whole number, what it is)
+WINDOWS: dict[str, tuple[float, float, bool, str]] = {
+    "mean": (1, MAX_WINDOW, True, "window"),
+    "std": (2, MAX_WINDOW, True, "window"),
+    "min": (1, MAX_WINDOW, True, "window"),
+    "max": (1, MAX_WINDOW, True, "window"),
+    "slope": (2, MAX_WINDOW, True, "window"),
+    "delta": (1, MAX_WINDOW, True, "lag"),
+    "pct_change": (1, MAX_WINDOW, True, "lag"),
+    "max_first": (1, MAX_WINDOW, True, "count"),
+    "ema": (0, 1, False, "smoothing weight"),
 }
 
 
@@ -81,6 +104,7 @@ class Binary:
     right: object
 
 
+BLANK = re.compile(r"\s*\Z")
 TOKEN = re.compile(
     r"\s*(?:(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)|(?P<tick>`[^`]*`)|(?P<name>[A-Za-z_][A-Za-z0-9_.]*)"
     r"|(?P<op><=|>=|==|!=|[<>+\-*/(),]))"
@@ -94,7 +118,7 @@ def tokenize(text: str) -> list[tuple[str, str, int]]:
     """(kind, text, 1-based column) tokens, ending with ("end", "", col)."""
     out, pos = [], 0
     while pos < len(text):
-        if text[pos:].strip() == "":
+        if BLANK.match(text, pos):
             break
         m = TOKEN.match(text, pos)
         if not m or m.end() == pos:
@@ -122,8 +146,13 @@ def tokenize(text: str) -> list[tuple[str, str, int]]:
 class _Parser:
     def __init__(self, text: str):
         self.text = text
+        if len(text) > MAX_RULE_CHARS:
+            raise RuleSyntaxError(
+                text[:60] + "...", 1, f"a rule of {len(text):,} characters; the limit is {MAX_RULE_CHARS:,}"
+            )
         self.toks = tokenize(text)
         self.i = 0
+        self.nesting = 0
 
     def peek(self):
         return self.toks[self.i]
@@ -148,6 +177,10 @@ class _Parser:
         node = self.expr(0)
         if self.peek()[0] != "end":
             self.fail(self.peek(), f"unexpected {self.peek()[1]!r} (missing 'and'/'or' or an operator?)")
+        if depth(node) > MAX_DEPTH:
+            raise RuleSyntaxError(
+                self.text, 1, f"more than {MAX_DEPTH} operators deep; split it into simpler rules"
+            )
         return node
 
     def expr(self, min_bp: int):
@@ -165,6 +198,16 @@ class _Parser:
 
     def prefix(self):
         tok = self.take()
+        kind, value, col = tok
+        if self.nesting >= MAX_DEPTH:  # before recursing again: nesting never reaches Python's limit
+            self.fail(tok, f"nested more than {MAX_DEPTH} levels deep")
+        self.nesting += 1
+        try:
+            return self._prefix(tok)
+        finally:
+            self.nesting -= 1
+
+    def _prefix(self, tok):
         kind, value, col = tok
         if kind == "num":
             return Num(float(value))
@@ -193,7 +236,10 @@ class _Parser:
         self.expect("(")
         args = []
         while True:
-            args.append(self.expr(0))
+            arg = self.expr(0)
+            if isinstance(arg, Unary) and arg.op == "-" and isinstance(arg.arg, Num):
+                arg = Num(-arg.arg.value)  # a negative window is a number, checked as one
+            args.append(arg)
             if self.peek()[1] == ",":
                 self.take()
                 continue
@@ -206,12 +252,74 @@ class _Parser:
                 raise RuleSyntaxError(
                     self.text, col, f"{fn}(): the window/weight must be a number or a parameter"
                 )
-        return Call(fn, tuple(args), col)
+        call = Call(fn, tuple(args), col)
+        if fn in WINDOWS:
+            if not isinstance(args[0], Name):
+                raise RuleSyntaxError(
+                    self.text,
+                    col,
+                    f"{fn}(): the first argument must be a metric or tag (windows run on logged points)",
+                )
+            _check_window(call, self.text, None)
+        return call
 
 
 def parse(text: str):
     """Parse a rule expression into an AST; raises RuleSyntaxError with the column."""
     return _Parser(text).parse()
+
+
+def depth(node) -> int:
+    """How many levels deep the tree goes (walked without recursion: it may be deep)."""
+    most, stack = 0, [(node, 1)]
+    while stack:
+        n, d = stack.pop()
+        most = max(most, d)
+        kids = n.args if isinstance(n, Call) else (n.arg,) if isinstance(n, Unary) else ()
+        if isinstance(n, Binary):
+            kids = (n.left, n.right)
+        stack += [(k, d + 1) for k in kids]
+    return most
+
+
+def check_numbers(node, text: str, values: dict[str, list[float]] | None = None) -> None:
+    """Every window, lag and weight within its function's range (WINDOWS): the numbers written,
+    and, given `values` (each parameter's possible values), every value of every parameter."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Call):
+            stack += n.args
+            if n.fn in WINDOWS:
+                _check_window(n, text, values)
+        elif isinstance(n, Unary):
+            stack.append(n.arg)
+        elif isinstance(n, Binary):
+            stack += [n.left, n.right]
+
+
+def _check_window(call: Call, text: str, values: dict[str, list[float]] | None) -> None:
+    arg = call.args[1]
+    if isinstance(arg, Name):
+        if values is None:
+            return  # its value comes later
+        if arg.name not in values:
+            raise RuleSyntaxError(
+                text, arg.col, f"{call.fn}(): {arg.name!r} is no number (define it in [rule.params])"
+            )
+        xs = values[arg.name]
+    else:
+        xs = [arg.value]
+    low, high, whole, what = WINDOWS[call.fn]
+    for x in xs:
+        if whole:
+            ok = low <= x <= high and float(x).is_integer()
+            rule = f"a whole number from {low:,} to {high:,}"
+        else:
+            ok = low <= x < high
+            rule = f"a number in [{low}, {high})"
+        if not ok:
+            raise RuleSyntaxError(text, call.col, f"{call.fn}(): the {what} must be {rule}, got {x:g}")
 
 
 def names(node) -> list[Name]:

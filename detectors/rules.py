@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,6 +39,13 @@ ALLOWED_KEYS = {
     "params",
     "sweep",
 }
+
+
+TIMING = {"for_steps": 1, "cooldown": 0, "warmup": 0}  # whole numbers, at least this
+TEXT = ("on", "description", "severity")
+MAX_SWEEP_POINTS = 1000  # combinations of one rule's sweep ...
+MAX_FILE_POINTS = 10_000  # ... and of every rule of a file: each is a replay over every run
+MAX_FILE_CHARS = 1 << 20
 
 
 class RuleFileError(WorkbenchError):
@@ -91,28 +99,63 @@ class Rule:
         return out
 
 
-def rule_from_table(t: dict, where: str) -> Rule:
+def _is_number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_whole(v, least: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def _sweep_size(sweep) -> int:
+    """How many combinations a [rule.sweep] table makes (1 for none, or one not yet checked)."""
+    if not isinstance(sweep, dict):
+        return 1
+    return math.prod(len(v) if isinstance(v, list) else 1 for v in sweep.values())
+
+
+def _check_table(t: dict, where: str) -> None:
+    """Every key of a [[rule]] table of the right type, before anything reads it."""
     unknown = set(t) - ALLOWED_KEYS
     if unknown:
         raise RuleFileError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(ALLOWED_KEYS)}")
     for key in ("id", "when"):
         if not isinstance(t.get(key), str) or not t[key].strip():
             raise RuleFileError(f"{where}: '{key}' is required (a string)")
-    for key in ("for_steps", "cooldown", "warmup"):
-        if key in t and (not isinstance(t[key], int) or t[key] < (1 if key == "for_steps" else 0)):
-            raise RuleFileError(
-                f"{where} ({t['id']}): '{key}' must be a whole number{' >= 1' if key == 'for_steps' else ' >= 0'}"
-            )
-    params = t.get("params", {})
-    sweep = t.get("sweep", {})
-    if (
-        not isinstance(params, dict)
-        or not isinstance(sweep, dict)
-        or any(not isinstance(v, list) or not v for v in sweep.values())
-    ):
+    where = f"{where} ({t['id']})"
+    for key, least in TIMING.items():
+        if key in t and not _is_whole(t[key], least):
+            raise RuleFileError(f"{where}: '{key}' must be a whole number >= {least}, got {t[key]!r}")
+    for key in TEXT:
+        if key in t and not isinstance(t[key], str):
+            raise RuleFileError(f"{where}: '{key}' must be a string, got {t[key]!r}")
+    if "on" in t and not t["on"].strip():
+        raise RuleFileError(f"{where}: 'on' must name a metric or tag")
+    params, sweep = t.get("params", {}), t.get("sweep", {})
+    if not isinstance(params, dict) or not isinstance(sweep, dict):
+        raise RuleFileError(f"{where}: [rule.params] maps names to numbers; [rule.sweep] maps names to lists")
+    for k, v in params.items():
+        if not _is_number(v):
+            raise RuleFileError(f"{where}: params.{k} must be a finite number, got {v!r}")
+    for k, values in sweep.items():
+        if not isinstance(values, list) or not values:
+            raise RuleFileError(f"{where}: sweep.{k} must be a non-empty list of numbers")
+        for v in values:
+            ok = _is_whole(v, TIMING[k]) if k in TIMING else _is_number(v)
+            if not ok:
+                want = f"whole numbers >= {TIMING[k]}" if k in TIMING else "finite numbers"
+                raise RuleFileError(f"{where}: sweep.{k} must list {want}, got {v!r}")
+    size = _sweep_size(sweep)
+    if size > MAX_SWEEP_POINTS:
         raise RuleFileError(
-            f"{where} ({t['id']}): [rule.params] maps names to numbers; [rule.sweep] maps names to lists"
+            f"{where}: the sweep has {size:,} combinations; the limit is {MAX_SWEEP_POINTS:,} "
+            "(sweep fewer values, or split it over several rules)"
         )
+
+
+def rule_from_table(t: dict, where: str) -> Rule:
+    _check_table(t, where)
+    params, sweep = t.get("params", {}), t.get("sweep", {})
     rule = Rule(
         id=t["id"],
         when=t["when"],
@@ -125,20 +168,27 @@ def rule_from_table(t: dict, where: str) -> Rule:
         params=params,
         sweep=sweep,
     )
+    where = f"{where} ({rule.id})"
     try:
         tree = language.parse(rule.when)
+        values = {k: [v] for k, v in params.items()} | sweep  # every value a parameter takes
+        language.check_numbers(tree, rule.when, values)
     except language.RuleSyntaxError as e:
-        raise RuleFileError(f"{where} ({rule.id}): {e}") from None
+        raise RuleFileError(f"{where}: {e}") from None
     known = set(params) | set(sweep)
     for k in sweep:
-        if k not in ("for_steps", "cooldown", "warmup") and k not in {n.name for n in language.names(tree)}:
-            raise RuleFileError(f"{where} ({rule.id}): sweep parameter '{k}' does not appear in 'when'")
+        if k not in TIMING and k not in {n.name for n in language.names(tree)}:
+            raise RuleFileError(f"{where}: sweep parameter '{k}' does not appear in 'when'")
+        if k not in TIMING and k not in params:
+            raise RuleFileError(
+                f"{where}: sweep parameter '{k}' needs a value in [rule.params] too (replay runs the rule at it)"
+            )
     globs = {n.name for n in language.names(language.substitute(tree, dict.fromkeys(known, 0))) if n.is_glob}
     if len(globs) > 1:
-        raise RuleFileError(f"{where} ({rule.id}): at most one tag glob per rule, found {sorted(globs)}")
+        raise RuleFileError(f"{where}: at most one tag glob per rule, found {sorted(globs)}")
     if not language.is_boolean(tree):
         raise RuleFileError(
-            f"{where} ({rule.id}): 'when' must be a condition (a comparison, and/or/not), got an arithmetic expression"
+            f"{where}: 'when' must be a condition (a comparison, and/or/not), got an arithmetic expression"
         )
     return rule
 
@@ -171,6 +221,10 @@ def load_rule_file(path: str | Path) -> list[Rule]:
 
 def rules_from_text(text: str, where: str = "rules") -> list[Rule]:
     """Rules from the text of a TOML rule file (`where` names it in messages)."""
+    if len(text) > MAX_FILE_CHARS:
+        raise RuleFileError(
+            f"{where}: {len(text):,} characters; a rule file holds at most {MAX_FILE_CHARS:,}"
+        )
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -178,6 +232,16 @@ def rules_from_text(text: str, where: str = "rules") -> list[Rule]:
     tables = data.get("rule", [])
     if not isinstance(tables, list) or not tables:
         raise RuleFileError(f"{where}: no [[rule]] tables found")
+    if not all(isinstance(t, dict) for t in tables):
+        raise RuleFileError(f"{where}: [[rule]] must be tables")
+    for i, t in enumerate(tables):
+        _check_table(t, f"{where}: rule #{i + 1}")
+    points = sum(_sweep_size(t.get("sweep")) for t in tables)
+    if points > MAX_FILE_POINTS:
+        raise RuleFileError(
+            f"{where}: {len(tables):,} rules with {points:,} sweep points in all; the limit is "
+            f"{MAX_FILE_POINTS:,} (split the file)"
+        )
     rules = [rule_from_table(t, f"{where}: rule #{i + 1}") for i, t in enumerate(tables)]
     ids = [r.id for r in rules]
     dupes = sorted({i for i in ids if ids.count(i) > 1})

@@ -12,6 +12,8 @@ import os
 import re
 from pathlib import Path
 
+from ingest.lines import JsonError, read_json_file, to_step
+
 HF_DIR = re.compile(r"checkpoint-(\d+)")
 DS_DIR = re.compile(r"global_step(\d+)")
 CONTAINERS = {"checkpoints", "checkpoint", "ckpt", "ckpts"}
@@ -35,10 +37,18 @@ def _tree_size(path: Path) -> tuple[int, int, float]:
 
 def _json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_json_file(path)
+    except (OSError, JsonError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _step(v) -> int | None:
+    """A checkpoint's step, or None when its metadata gives none that fits (NaN, 1e30, text)."""
+    try:
+        return to_step(v)
+    except ValueError:
+        return None
 
 
 def _row(path: Path, step: int | None, kind: str, metadata: dict) -> dict:
@@ -106,13 +116,13 @@ def _scan(folder: Path) -> list[dict]:
             for k in ("global_step", "best_metric", "best_model_checkpoint", "max_steps")
             if k in state
         }
-        return [_row(folder, int(m[1]), "hf", meta)]
+        return [_row(folder, _step(m[1]), "hf", meta)]
     if name == "last-checkpoint":
         state = _json(folder / "trainer_state.json")
         return [
             _row(
                 folder,
-                state.get("global_step"),
+                _step(state.get("global_step")),
                 "hf",
                 {"global_step": state.get("global_step"), "last_checkpoint": True},
             )
@@ -120,7 +130,7 @@ def _scan(folder: Path) -> list[dict]:
     if m := DS_DIR.fullmatch(name):
         latest = folder.parent / "latest"
         is_latest = latest.is_file() and latest.read_text().strip() == name
-        return [_row(folder, int(m[1]), "deepspeed", {"latest": is_latest})]
+        return [_row(folder, _step(m[1]), "deepspeed", {"latest": is_latest})]
     if name not in CONTAINERS:
         return []
     rows: list[dict] = []
@@ -135,9 +145,9 @@ def _scan(folder: Path) -> list[dict]:
             weights = next((child.with_suffix(s) for s in WEIGHTS if child.with_suffix(s).exists()), None)
             target = weights or child
             seen.add(target)
-            rows.append(_row(target, int(meta["step"]), "torch", meta))
+            rows.append(_row(target, _step(meta["step"]), "torch", meta))
     for child in sorted(folder.iterdir()):
         if child.is_file() and child.suffix in WEIGHTS and child not in seen:
             m = STEP_IN_NAME.search(child.stem)
-            rows.append(_row(child, int(m[1]) if m else None, "torch", {}))
+            rows.append(_row(child, _step(m[1]) if m else None, "torch", {}))
     return rows

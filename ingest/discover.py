@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ingest.base import Ingestor
+from ingest.lines import BOM, gz_damage, is_gz
 from workbench.store.layout import is_store
 
 CONTAINER_DIRS = {
@@ -42,6 +44,7 @@ HEAD_BYTES = 4096
 class Discovery:
     files: list[Found]
     checkpoints: list[tuple[Path, Path]]  # (checkpoint folder or container, its run folder)
+    problems: list[tuple[Path, str]] = field(default_factory=list)  # folders that could not be listed
 
 
 @dataclass(frozen=True)
@@ -50,31 +53,67 @@ class Found:
     run_dir: Path
     format: str | None  # None: not a log this workbench reads
     note: str | None = None
+    problem: str | None = None  # why it was not read though it may be a log (a FIFO, unreadable)
+
+
+NOT_A_LOG = "not a log format this workbench reads"
+_SPECIAL = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def _sniff(path: Path, ingestors: list[Ingestor]) -> str | None:
     head = b""
     for ing in ingestors:
         if ing.needs_head and not head:
-            with open(path, "rb") as f:
-                head = f.read(HEAD_BYTES)
+            # O_NONBLOCK: a file swapped for a FIFO since it was looked at must not hang the ingest
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                head = f.read(HEAD_BYTES).removeprefix(BOM)  # a sniffer sees what the reader will
         if ing.sniff(path, head):
             return ing.name
     return None
+
+
+def _look(path: Path, ingestors: list[Ingestor]) -> tuple[str | None, str | None]:
+    """(format, problem) of one file: only regular files are read (a FIFO or a device would
+    block or never end), and a file whose format cannot be told is a problem, not a crash."""
+    try:
+        st = path.stat()  # follows a symlink to what it names
+    except OSError as e:
+        return None, f"unreadable: {e.strerror}"
+    if not stat.S_ISREG(st.st_mode):
+        what = next((w for test, w in _SPECIAL if test(st.st_mode)), "not a regular file")
+        via = " (through a symlink)" if path.is_symlink() else ""
+        return None, f"{what}{via}, not a regular file: not read"
+    if is_gz(path) and (why := gz_damage(path)):
+        return None, why
+    try:
+        return _sniff(path, ingestors), None
+    except OSError as e:
+        return None, f"unreadable: {e.strerror}"
+    except Exception as e:  # noqa: BLE001 - one odd file never stops discovery
+        return None, f"could not tell its format ({type(e).__name__}: {e})"
 
 
 def discover(root: Path, ingestors: list[Ingestor]) -> Discovery:
     """All files under `root` (or `root` itself when it is a file), each with its run folder,
     and the checkpoint folders met on the way."""
     root = root.absolute()
-    if root.is_file():
-        fmt = _sniff(root, ingestors)
-        return Discovery(
-            [Found(root, root.parent, fmt, None if fmt else "not a log format this workbench reads")], []
-        )
-    files: dict[Path, list[tuple[Path, str | None]]] = {}
+    if not root.is_dir():
+        fmt, problem = _look(root, ingestors)
+        return Discovery([Found(root, root.parent, fmt, None if fmt or problem else NOT_A_LOG, problem)], [])
+    files: dict[Path, list[tuple[Path, str | None, str | None]]] = {}
     checkpoint_dirs: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    unlisted: list[tuple[Path, str]] = []
+
+    def walk_error(e: OSError) -> None:
+        unlisted.append((Path(e.filename), f"folder not read: {e.strerror}"))
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=walk_error):
         d = Path(dirpath)
         checkpoint_dirs += [d / n for n in dirnames if CHECKPOINT_DIR.fullmatch(n)]
         dirnames[:] = sorted(
@@ -89,13 +128,8 @@ def discover(root: Path, ingestors: list[Ingestor]) -> Discovery:
             p = d / name
             if p.is_symlink() and not p.exists():
                 continue
-            try:
-                fmt = _sniff(p, ingestors)
-            except OSError as e:
-                files.setdefault(d, []).append((p, f"unreadable: {e.strerror}"))
-                continue
-            files.setdefault(d, []).append((p, fmt))
-    formats = {d: {f for _, f in items if f and not f.startswith("unreadable")} for d, items in files.items()}
+            files.setdefault(d, []).append((p, *_look(p, ingestors)))
+    formats = {d: {f for _, f, _ in items if f} for d, items in files.items()}
     sub_sources = {i.name for i in ingestors if i.sub_source}
 
     def owner(d: Path) -> Path:
@@ -125,13 +159,10 @@ def discover(root: Path, ingestors: list[Ingestor]) -> Discovery:
     found = []
     for d, items in files.items():
         run_dir = owner(d)
-        for p, fmt in items:
-            if fmt and fmt.startswith("unreadable"):
-                found.append(Found(p, run_dir, None, fmt))
-            else:
-                found.append(Found(p, run_dir, fmt, None if fmt else "not a log format this workbench reads"))
+        for p, fmt, problem in items:
+            found.append(Found(p, run_dir, fmt, None if fmt or problem else NOT_A_LOG, problem))
     checkpoints = [(c, owner(c.parent)) for c in sorted(checkpoint_dirs)]
-    return Discovery(sorted(found, key=lambda f: str(f.path)), checkpoints)
+    return Discovery(sorted(found, key=lambda f: str(f.path)), checkpoints, unlisted)
 
 
 def run_id_for(run_dir: Path, root: Path, base: Path) -> str:

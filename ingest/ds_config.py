@@ -11,12 +11,11 @@ finds between a monitor series and the same metric from another source is used (
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 from ingest.base import Batch, Ingestor, Problem, ReadContext
-from ingest.lines import to_float
+from ingest.lines import JsonError, read_json_file, to_float
 
 CONFIG_KEYS = (b'"train_batch_size"', b'"train_micro_batch_size_per_gpu"', b'"zero_optimization"', b'"fp16"')
 
@@ -60,8 +59,8 @@ class DeepSpeedConfigIngestor(Ingestor):
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
         batch = Batch(start=0, end=path.stat().st_size, records=1)
         try:
-            batch.config = {"ds_config": json.loads(path.read_bytes())}
-        except ValueError as e:
+            batch.config = {"ds_config": read_json_file(path)}
+        except JsonError as e:
             batch.problems.append(
                 Problem(e.lineno, "bad_json", f"line {e.lineno} column {e.colno}: {e.msg}; file skipped")
             )

@@ -95,43 +95,64 @@ def header_ok(buf, p, n, tables):
     return masked_crc32c(buf, p + 12, np.int64(length), tables) == u32(buf, p + 12 + np.int64(length))
 
 
+GAP_BAD_LENGTH_CRC = 0  # the length field's CRC fails
+GAP_PAST_END = 1  # a length field with a valid CRC that runs past the end of the file
+
+
 @njit(cache=True, nogil=True)
-def frame_records(buf, n, tables):
-    """Walk the record chain of buf[:n].
+def _next_record(buf, p, n, tables):
+    """The next position after p where a whole valid record starts, or n."""
+    q = p + 1
+    while q + 12 <= n and not header_ok(buf, q, n, tables):
+        q += 1
+    return q if q + 12 <= n else n
+
+
+@njit(cache=True, nogil=True)
+def frame_records(buf, n, tables, limit, settled):
+    """Walk the record chain of buf[:n], where `limit` bytes remain from buf[0] to the end of
+    the file and `settled`: the file has stopped growing.
 
     Returns (offsets, lengths, end, gaps): offsets/lengths of the complete records (offset of the
     data payload is offset + 12); `end` is where reading must resume next time (the start of an
-    incomplete trailing record, or n); `gaps` is an (k, 2) array of byte ranges skipped after a
-    bad length CRC, resynchronised on the next position whose header and data CRCs both hold.
+    incomplete trailing record, or n); `gaps` is a (k, 3) array of skipped byte ranges and why
+    (GAP_*), resynchronised on the next position whose header and data CRCs both hold: after a
+    bad length CRC, or after a length running past the end of the file when complete records
+    follow or the file has stopped growing (else it is an unfinished write, read next time).
     """
     cap = 1024
     offs = np.empty(cap, np.int64)
     lens = np.empty(cap, np.int64)
-    gaps = np.empty((16, 2), np.int64)
+    gaps = np.empty((16, 3), np.int64)
     k = 0
     g = 0
     p = 0
     while p + 12 <= n:
+        reason = -1
         if masked_crc32c(buf, p, 8, tables) != u32(buf, p + 8):
-            # framing lost: scan forward for the next position that is a whole valid record
-            q = p + 1
-            while q + 12 <= n and not header_ok(buf, q, n, tables):
-                q += 1
-            if q + 12 > n:
-                # nothing valid after p: treat the tail as corrupt, not as an unfinished write
-                q = n
+            reason = GAP_BAD_LENGTH_CRC
+        else:
+            length = u64(buf, p)
+            if n - p - 16 < 0 or length > np.uint64(n - p - 16):  # not all in this buffer
+                if limit - p - 16 >= 0 and length <= np.uint64(limit - p - 16):
+                    break  # the rest is in the file (read more), or an unfinished write
+                reason = GAP_PAST_END
+        if reason >= 0:
+            # framing lost: the next position that is a whole valid record; nothing valid
+            # after a bad length CRC means a corrupt tail, not an unfinished write
+            q = _next_record(buf, p, n, tables)
+            if reason == GAP_PAST_END and q == n and not settled:
+                break  # maybe a writer mid-record: read it again next time
             if g == gaps.shape[0]:
-                ng = np.empty((g * 2, 2), np.int64)
+                ng = np.empty((g * 2, 3), np.int64)
                 ng[:g] = gaps[:g]
                 gaps = ng
             gaps[g, 0] = p
             gaps[g, 1] = q
+            gaps[g, 2] = reason
             g += 1
             p = q
             continue
-        length = np.int64(u64(buf, p))
-        if length < 0 or p + 16 + length > n:
-            break  # unfinished write: resume here next time
         if k == cap:
             cap *= 2
             no = np.empty(cap, np.int64)
@@ -141,9 +162,9 @@ def frame_records(buf, n, tables):
             offs = no
             lens = nl
         offs[k] = p
-        lens[k] = length
+        lens[k] = np.int64(length)
         k += 1
-        p += 16 + length
+        p += 16 + np.int64(length)
     return offs[:k], lens[:k], p, gaps[:g]
 
 

@@ -15,13 +15,12 @@ read as metrics (discovery leaves checkpoint folders alone).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 from ingest.base import Batch, Evidence, Ingestor, Problem, ReadContext, event
 from ingest.jsonl import RecordsToPoints
-from ingest.lines import to_float
+from ingest.lines import JsonError, read_json_file, to_float, to_step
 
 RESULTS_SUFFIX = "_results.json"
 
@@ -52,8 +51,8 @@ class HFTrainerIngestor(Ingestor):
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
         batch = Batch(start=0, end=path.stat().st_size)
         try:
-            state = json.loads(path.read_bytes())  # Python's json accepts the bare NaN HF can write
-        except ValueError as e:
+            state = read_json_file(path)  # keeps the bare NaN HF can write
+        except JsonError as e:
             batch.problems.append(
                 Problem(e.lineno, "bad_json", f"line {e.lineno} column {e.colno}: {e.msg}; file skipped")
             )
@@ -79,7 +78,11 @@ class HFTrainerIngestor(Ingestor):
             kind = classify(entry)
             kinds[kind] += 1
             batch.records += 1
-            step = to_float(entry.get("step"))
+            try:
+                step = to_step(entry.get("step"))
+            except ValueError as e:
+                batch.problems.append(Problem(i, "bad_step", f"log_history[{i}]: {e}; skipped"))
+                continue
             if kind == "final":
                 batch.config["trainer_summary"] = entry
                 continue
@@ -89,10 +92,10 @@ class HFTrainerIngestor(Ingestor):
                 batch.problems.append(Problem(i, "no_step", f"log_history[{i}] has no step; skipped"))
                 continue
             last_step = step
-            conv.add(entry, step=int(step), skip=("step",))
+            conv.add(entry, step=step, skip=("step",))
             if kind == "eval":
                 metrics = {k: v for k, v in entry.items() if k.startswith("eval_")}
-                batch.events.append(event(int(step), None, "eval", "evaluation", metrics, i))
+                batch.events.append(event(step, None, "eval", "evaluation", metrics, i))
         batch.points = conv.points()
         batch.config["trainer_state"] = {k: v for k, v in state.items() if k != "log_history"}
         batch.evidence = _end_of_run(state, "trainer_summary" in batch.config)
@@ -103,14 +106,16 @@ class HFTrainerIngestor(Ingestor):
 def _end_of_run(state: dict, summary: bool) -> list[Evidence]:
     """The Trainer appends its final summary once, at the end; without it, a global_step short of
     max_steps means the run stopped early."""
-    step, max_steps = to_float(state.get("global_step")), to_float(state.get("max_steps"))
+    try:
+        step = to_step(state.get("global_step"))
+    except ValueError:
+        step = None
+    max_steps = to_float(state.get("max_steps"))
     if summary:
-        return [
-            Evidence("completed", "HF Trainer wrote its final summary", None if step is None else int(step))
-        ]
+        return [Evidence("completed", "HF Trainer wrote its final summary", step)]
     if step is None or max_steps is None:
         return []
     if step >= max_steps:
-        return [Evidence("completed", f"HF Trainer reached max_steps {max_steps:g}", int(step))]
-    message = f"HF Trainer stopped at global_step {step:g} of max_steps {max_steps:g} with no final summary"
-    return [Evidence("incomplete", message, int(step))]
+        return [Evidence("completed", f"HF Trainer reached max_steps {max_steps:g}", step)]
+    message = f"HF Trainer stopped at global_step {step} of max_steps {max_steps:g} with no final summary"
+    return [Evidence("incomplete", message, step)]

@@ -12,14 +12,23 @@ real run folders and are skipped.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from ingest.base import Batch, Problem, ReadContext
-from ingest.lines import LineIngestor, LineParser, read_head, to_float
+from ingest.lines import (
+    JsonError,
+    LineIngestor,
+    LineParser,
+    head_text,
+    loads_json,
+    read_head,
+    read_json_file,
+    to_float,
+    to_step,
+)
 from workbench.store.points import Points, PointsBuilder
 
 STEP_KEYS = (
@@ -80,12 +89,19 @@ class RecordsToPoints:
 
     def add(self, record: dict, step=None, wall=None, skip=()) -> bool:
         """Add one record's numeric fields; False when it has no step (counted)."""
+        bad = None  # a step key whose value is no step (NaN, "12abc"): an error unless another key has one
         if step is None:
             for k in STEP_KEYS:
-                if k in record and to_float(record[k]) is not None:
-                    step = int(to_float(record[k]))
+                try:
+                    step = to_step(record.get(k))
+                except ValueError as e:
+                    bad = bad or e
+                    continue
+                if step is not None:
                     skip = (*skip, k)
                     break
+        if step is None and bad is not None:
+            raise bad
         if step is None:
             step = self.last_step
         if step is None:
@@ -119,8 +135,8 @@ class _JsonLinesParser(LineParser):
         if not text:
             return
         try:
-            rec = json.loads(text)
-        except ValueError as e:
+            rec = loads_json(text)
+        except JsonError as e:
             why = f"not JSON ({e.msg} at column {e.colno}); line skipped"
             batch.problems.append(Problem(self.line, "bad_json", f"line {self.line}: {why}"))
             return
@@ -153,47 +169,45 @@ class JsonLinesIngestor(LineIngestor):
             return False
         if name.removesuffix(".gz") in NOT_LOGS:
             return False
-        head = read_head(path, 4096) if path.name.endswith(".gz") else head
-        first = head.lstrip()[:1]
+        text = head_text(read_head(path, 4096) if path.name.endswith(".gz") else head).lstrip()
+        first = text[:1]
         whole_json = name.endswith((".json", ".json.gz"))  # one document: a log only if it has steps
-        if first == b"[":
-            return whole_json and any(f'"{k}"'.encode() in head for k in STEP_KEYS)
-        if first != b"{":
+        if first == "[":
+            return whole_json and any(f'"{k}"' in text for k in STEP_KEYS)
+        if first != "{":
             return False
-        line = head.lstrip().split(b"\n", 1)[0]
+        line = text.split("\n", 1)[0]
         try:
-            rec = json.loads(line)
-        except ValueError:
-            return len(line) >= len(head.lstrip()) - 1  # a first line longer than the head
+            rec = loads_json(line)
+        except JsonError:
+            return len(line) >= len(text) - 1  # a first line longer than the head
         if not isinstance(rec, dict) or not any(to_float(v) is not None for _, v in flatten(rec)):
             return False
         return not whole_json or any(k in rec for k in STEP_KEYS)
 
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
-        if read_head(path, 64).lstrip()[:1] == b"[":
+        if head_text(read_head(path, 64)).lstrip()[:1] == "[":
             yield from self._read_array(path)
         else:
             yield from super().read(path, start, ctx)
 
     def _read_array(self, path: Path) -> Iterator[Batch]:
-        import gzip
-
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rb") as f:
-            data = f.read()
         batch = Batch(start=0, end=path.stat().st_size)
         try:
-            records = json.loads(data)
-        except ValueError as e:
+            records = read_json_file(path)
+        except JsonError as e:
             batch.problems.append(
                 Problem(e.lineno, "bad_json", f"line {e.lineno} column {e.colno}: {e.msg}; file skipped")
             )
             yield batch
             return
         conv = RecordsToPoints({})
-        for rec in records if isinstance(records, list) else []:
+        for i, rec in enumerate(records if isinstance(records, list) else []):
             if isinstance(rec, dict):
                 batch.records += 1
-                conv.add(rec)
+                try:
+                    conv.add(rec)
+                except ValueError as e:
+                    batch.problems.append(Problem(0, "bad_record", f"record [{i}]: {e}; skipped"))
         batch.points = conv.points()
         yield batch

@@ -22,7 +22,13 @@ from workbench.store.schema import OUTCOMES
 def read_labels_toml(path: Path) -> tuple[list[dict], list[Problem]]:
     """(rows keyed by folder name relative to the file, problems)."""
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        return [], [
+            Problem(
+                0, "bad_toml", f"not UTF-8 text (byte at offset {e.start}); no labels read from this file"
+            )
+        ]
     except tomllib.TOMLDecodeError as e:
         return [], [Problem(getattr(e, "lineno", 0) or 0, "bad_toml", f"{e}; no labels read from this file")]
     rows, problems = [], []

@@ -156,7 +156,8 @@ def build(
     for run, first in runs.iter_rows():
         if run in has_parent or not first:
             continue
-        c = ckpts.filter((pl.col("run_id") != run) & pl.col("step").is_in([first, first - 1]))
+        steps = [first, first - 1] if first > -(1 << 63) else [first]  # int64's least step has none below
+        c = ckpts.filter((pl.col("run_id") != run) & pl.col("step").is_in(steps))
         if c["run_id"].n_unique() == 1:
             add(
                 run,

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ingest.base import Batch, Evidence, Ingestor, Problem, ReadContext
-from ingest.lines import LineIngestor, LineParser, flat_yaml, to_float
+from ingest.lines import LineIngestor, LineParser, flat_yaml, to_float, to_step
 from workbench.store.points import Points
 
 STATUS = {1: "RUNNING", 2: "SCHEDULED", 3: "FINISHED", 4: "FAILED", 5: "KILLED"}
@@ -51,7 +51,7 @@ class _MetricParser(LineParser):
         if not f:
             return
         ts, v = (to_float(f[0]), to_float(f[1])) if len(f) in (2, 3, 5) else (None, None)
-        step = to_float(f[2]) if len(f) >= 3 else 0.0
+        step = to_step(f[2]) if len(f) >= 3 else 0  # raises ValueError for a step that is none
         if ts is None or v is None or step is None:
             batch.problems.append(
                 Problem(
@@ -63,7 +63,7 @@ class _MetricParser(LineParser):
             return
         self.walls.append(ts / 1000.0)
         self.values.append(v)
-        self.steps.append(int(step))
+        self.steps.append(step)
         batch.records += 1
 
     def end_block(self, batch: Batch, last: bool) -> None:

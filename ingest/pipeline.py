@@ -1,15 +1,22 @@
 """`workbench ingest`: discover, fingerprint, read what is new, write, commit.
 
-Incremental by a per-file manifest (size, mtime, consumed bytes, hashes of the first bytes and
-of the bytes before the resume point): an unchanged file is not opened; a grown file is read
-from where the last ingest stopped; a rewritten file (shorter, or different bytes before the
-resume point) is dropped and re-read alone. Files that disappeared keep their stored points.
+Incremental by a per-file manifest (size, mtime, consumed bytes, a hash of the bytes consumed,
+sampled for big files): an unchanged file is not opened; a grown file is read from where the
+last ingest stopped; a rewritten file (shorter, or different bytes before the resume point) is
+dropped and re-read alone. Files that disappeared keep their stored points.
+
+One bad file never costs the rest: whatever goes wrong with one file (its format cannot be
+told, its reader fails, it vanishes mid-read, it is a FIFO) becomes a `problems` row naming it,
+and everything else is committed. Only the store failing (disk full) stops the ingest, and then
+the previous generation stays in force.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import stat
 import sys
 import time
 from collections import Counter
@@ -20,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -30,15 +38,19 @@ from rich.progress import (
 )
 
 from ingest import agreement, checkpoints, lineage
-from ingest.base import Ingestor, Problem, ReadContext
+from ingest.base import Batch, Ingestor, Problem, ReadContext
 from ingest.discover import Found, discover, run_id_for
 from ingest.ds_config import batch_size_of
 from ingest.labels import read_labels_toml
+from ingest.lines import is_gz
 from ingest.registry import make_ingestors, precedence
 from workbench.errors import NotFoundError
-from workbench.store import Store, StoreWriter
+from workbench.store import Store, StoreError, StoreWriter
 
 SIG_BYTES = 4096
+NOT_READ = ("not_read", "labels_error", "checkpoint_error")  # problems of things not read at all
+FULL_HASH_BYTES = 8 << 20  # the content signature hashes smaller prefixes whole ...
+SAMPLES = 65  # ... and samples this many SIG_BYTES windows of bigger ones (first, middle, last too)
 
 
 @dataclass
@@ -57,22 +69,37 @@ class IngestReport:
     chunks: list[tuple[str, str, str, int]] = field(default_factory=list)
     # runs that had a file dropped and read again (rewritten, truncated, rotated)
     reread: set[str] = field(default_factory=set)
+    derive_errors: dict[str, str] = field(default_factory=dict)  # derived table -> why it was kept
 
     @property
     def log_files(self) -> int:
         return self.files_read + self.files_unchanged
 
 
-def _sig(path: Path, start: int, end: int) -> str:
-    start = max(0, start)
+def content_sig(path: Path, end: int, whole: bool) -> str:
+    """A hash of the file's first `end` bytes: all of them for a file that is re-read whole
+    anyway (`whole`) or up to FULL_HASH_BYTES, else SAMPLES windows spread evenly over them,
+    so that a rewrite of the same size is not taken for the same file."""
+    h = hashlib.sha1(str(end).encode())
     with open(path, "rb") as f:
-        f.seek(start)
-        return hashlib.sha1(f.read(max(0, end - start))).hexdigest()
+        if whole or end <= FULL_HASH_BYTES:
+            h.update(f.read(end))
+        else:
+            for i in range(SAMPLES):
+                f.seek(i * (end - SIG_BYTES) // (SAMPLES - 1))
+                h.update(f.read(SIG_BYTES))
+    return h.hexdigest()
 
 
 def _plan(found: Found, run_id: str, prev: dict | None, appendable: bool) -> tuple[str, int]:
-    """('unchanged' | 'append' | 'reread' | 'new', offset to read from)."""
+    """('new' | 'unchanged' | 'touched' | 'append' | 'reread', offset to read from).
+
+    A file whose size and mtime are as recorded is unchanged. Otherwise the bytes read before
+    must be the same (`content_sig`) before the resume point is trusted: then a file of the same
+    size was only touched, a longer one grew; anything else is read again from the start."""
     st = found.path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"{found.path} is no longer a regular file")
     if prev is None or prev["format"] is None:
         return "new", 0
     if prev["run_id"] != run_id or prev["format"] != found.format:
@@ -80,15 +107,11 @@ def _plan(found: Found, run_id: str, prev: dict | None, appendable: bool) -> tup
     if st.st_size == prev["size"] and st.st_mtime_ns == prev["mtime_ns"]:
         return "unchanged", prev["consumed"]
     consumed = prev["consumed"]
-    if not appendable:
+    if st.st_size < consumed or prev["content_sig"] != content_sig(found.path, consumed, not appendable):
         return "reread", 0
-    if st.st_size < consumed:
-        return "reread", 0
-    if _sig(found.path, 0, min(SIG_BYTES, consumed)) != prev["head_sig"]:
-        return "reread", 0
-    if _sig(found.path, consumed - SIG_BYTES, consumed) != prev["tail_sig"]:
-        return "reread", 0
-    return ("append" if st.st_size > consumed else "unchanged"), consumed
+    if st.st_size == consumed:
+        return "touched", consumed
+    return ("append", consumed) if appendable else ("reread", 0)
 
 
 def _base_for(root: Path, roots: list[str]) -> Path:
@@ -129,6 +152,7 @@ def ingest(
             raise NotFoundError(f"{p}: no such file or folder")
     with store.writer(wait_s=wait_s) as w:
         w.set_sources(precedence(ingestors))
+        w.clear_problems([str(p.absolute()) for p in paths], NOT_READ)  # found again below if they still are
         roots = w.table("roots")["root"].to_list()
         work = []
         for root in paths:
@@ -138,65 +162,57 @@ def ingest(
                 w.add("roots", [{"root": str(base)}])
             labels_file = (root if root.is_dir() else root.parent) / "labels.toml"
             if labels_file.is_file():
-                _read_labels(w, labels_file, root, base, report)
+                with _isolated(w, report, labels_file, None, "labels_error"):
+                    _read_labels(w, labels_file, root, base, report)
             found = discover(root, ingestors)
+            for folder, why in found.problems:
+                _set_problem(w, report, folder, None, "not_read", why)
             for f in found.files:
                 run_id = run_id_for(f.run_dir, root, base)
                 work.append((f, run_id))
             for folder, run_dir in found.checkpoints:
                 run_id = run_id_for(run_dir, root, base)
-                rows = [{**row, "run_id": run_id} for row in checkpoints.scan(folder, hash_checkpoints)]
-                before = w.set_checkpoints(str(folder), rows)
-                changed = [
-                    (r, why)
-                    for r in rows
-                    if r["path"] in before and (why := checkpoints.changes(before[r["path"]], r))
-                ]
-                for row, why in changed:
-                    problem = Problem(
-                        0, "checkpoint_changed", f"checkpoint changed after it was recorded: {why}"
-                    )
-                    report.problems.append((row["path"], problem))
-                    w.add(
-                        "problems",
-                        [
-                            {
-                                "path": row["path"],
-                                "run_id": run_id,
-                                "offset": 0,
-                                "kind": problem.kind,
-                                "message": problem.message,
-                            }
-                        ],
-                    )
+                with _isolated(w, report, folder, run_id, "checkpoint_error"):
+                    _scan_checkpoints(w, folder, run_id, hash_checkpoints, report)
         plans = []
         for f, run_id in work:
             key = str(f.path)
             prev = w.file_row(key)
             if f.format is None:
                 report.files_skipped += 1
-                if prev is None or prev["note"] != f.note:
-                    w.set_file(_file_row(f, run_id, "skipped", note=f.note))
+                note = f.problem or f.note
+                if prev is None or prev["note"] != note:
+                    w.set_file(_file_row(f, run_id, "skipped" if f.problem is None else "error", note=note))
+                if f.problem:
+                    _set_problem(w, report, f.path, run_id, "not_read", f.problem)
                 continue
-            action, offset = _plan(f, run_id, prev, by_name[f.format].appendable)
-            if action == "unchanged":
+            appendable = by_name[f.format].appendable and not is_gz(f.path)
+            try:
+                action, offset = _plan(f, run_id, prev, appendable)
+            except OSError as e:  # vanished or replaced since discovery
+                _set_problem(w, report, f.path, run_id, "not_read", f"not read: {e.strerror or e}")
+                continue
+            if action in ("unchanged", "touched"):
                 report.files_unchanged += 1
                 report.runs.add(run_id)
+                if action == "touched":  # same bytes, new mtime: remember it, read nothing
+                    st = f.path.stat()
+                    w.set_file({**prev, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
                 continue
             if action == "reread" and prev is not None:
                 w.drop_file(key)
                 report.reread.add(run_id)
-                if by_name[f.format].appendable and (prev["run_id"], prev["format"]) == (run_id, f.format):
+                if appendable and (prev["run_id"], prev["format"]) == (run_id, f.format):
                     _note_rewrite(w, f, run_id, prev, report)
-            plans.append((f, run_id, offset, prev if action == "append" else None))
+            plans.append((f, run_id, offset, prev if action == "append" else None, appendable))
         # configuration first (ds_config, hparams): other files of the run may need it
         plans.sort(key=lambda p: (p[1], not by_name[p[0].format].is_config, str(p[0].path)))
-        total = sum(max(0, f.path.stat().st_size - off) for f, _, off, _ in plans)
+        total = sum(max(0, _size(f.path) - off) for f, _, off, _, _ in plans)
         with _progress(console, total) as progress:
             task = progress.add_task("ingest", total=total)
-            for f, run_id, offset, prev in plans:
-                progress.update(task, description=f.path.name[-40:])
-                _read_file(w, by_name[f.format], f, run_id, offset, prev, report, progress, task)
+            for f, run_id, offset, prev, appendable in plans:
+                progress.update(task, description=escape(f.path.name[-40:]))
+                _read_file(w, by_name[f.format], f, run_id, offset, prev, appendable, report, progress, task)
             _reread_stale(w, by_name, {str(f.path): f for f, _ in work}, {p[1] for p in plans}, report)
         staged = stage(w) if stage is not None else False
         if not light:
@@ -207,6 +223,7 @@ def ingest(
                 w.commit(derive=derive)
         elif plans or staged:  # an idle watched run makes no new generation every second
             w.commit(catalog=False)
+        report.derive_errors = dict(w.derive_errors)
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -256,7 +273,8 @@ def _reread_stale(
             report.notes = [(p, n) for p, n in report.notes if p != row["path"]]
             report.problems = [(p, x) for p, x in report.problems if p != row["path"]]
             w.drop_file(row["path"])
-            _read_file(w, ingestor, f, row["run_id"], 0, None, report, None, None)
+            appendable = ingestor.appendable and not is_gz(f.path)
+            _read_file(w, ingestor, f, row["run_id"], 0, None, appendable, report, None, None)
             report.files_read -= 1  # counted once, when it was first read
 
 
@@ -286,6 +304,53 @@ def _note_rewrite(w: StoreWriter, f: Found, run_id: str, prev: dict, report: Ing
     )
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+@contextlib.contextmanager
+def _isolated(w: StoreWriter, report: IngestReport, path: Path, run_id: str | None, kind: str):
+    """Whatever goes wrong inside becomes a problem row for `path`; only the store failing
+    (StoreError: disk full, ...) stops the ingest."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as e:  # noqa: BLE001 - one bad file never costs the rest
+        _set_problem(w, report, path, run_id, kind, f"not read: {_why(e)}")
+
+
+def _why(e: Exception) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return f"{type(e).__name__}: {e}"
+
+
+def _set_problem(w: StoreWriter, report: IngestReport, path: Path, run_id, kind: str, message: str) -> None:
+    """The one problem row of something that was not read (replacing the last ingest's)."""
+    problem = Problem(0, kind, message)
+    report.problems.append((str(path), problem))
+    w.set_problems(str(path), [_problem_row(str(path), run_id, problem)], kind)
+
+
+def _problem_row(path: str, run_id: str | None, p: Problem) -> dict:
+    return {"path": path, "run_id": run_id, "offset": p.offset, "kind": p.kind, "message": p.message}
+
+
+def _scan_checkpoints(w: StoreWriter, folder: Path, run_id: str, hash_files: bool, report) -> None:
+    rows = [{**row, "run_id": run_id} for row in checkpoints.scan(folder, hash_files)]
+    before = w.set_checkpoints(str(folder), rows)
+    for r in rows:
+        why = checkpoints.changes(before[r["path"]], r) if r["path"] in before else None
+        if why:
+            problem = Problem(0, "checkpoint_changed", f"checkpoint changed after it was recorded: {why}")
+            report.problems.append((r["path"], problem))
+            w.add("problems", [_problem_row(r["path"], run_id, problem)])
+
+
 def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: IngestReport) -> None:
     rows, problems = read_labels_toml(path)
     w.set_labels(
@@ -297,6 +362,7 @@ def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: Ing
         ],
     )
     report.problems.extend((str(path), p) for p in problems)
+    w.set_problems(str(path), [_problem_row(str(path), None, p) for p in problems])  # read whole each time
     report.labels += len(rows)
 
 
@@ -314,17 +380,20 @@ def _progress(console: Console, total: int) -> Progress:
 
 
 def _file_row(f: Found, run_id: str, status: str, **kw) -> dict:
-    st = f.path.stat()
+    try:
+        st = f.path.stat()
+        size, mtime_ns = st.st_size, st.st_mtime_ns
+    except OSError:
+        size = mtime_ns = None
     row = {
         "path": str(f.path),
         "run_id": run_id,
         "format": f.format,
         "status": status,
-        "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
+        "size": size,
+        "mtime_ns": mtime_ns,
         "consumed": 0,
-        "head_sig": None,
-        "tail_sig": None,
+        "content_sig": None,
         "first_wall_time": None,
         "last_wall_time": None,
         "records": 0,
@@ -347,12 +416,19 @@ def _read_file(
     run_id: str,
     offset: int,
     prev: dict | None,
+    appendable: bool,
     report,
     progress,
     task,
 ) -> None:
+    """Read one file from `offset` and stage its batches. Whatever goes wrong stays with this
+    file: the batches read before are kept, the rest is a problem row saying why."""
     key = str(f.path)
-    st = f.path.stat()
+    try:
+        st = f.path.stat()
+    except OSError as e:
+        _set_problem(w, report, f.path, run_id, "not_read", f"not read: {e.strerror or e}")
+        return
     records = prev["records"] if prev else 0
     points = prev["points"] if prev else 0
     n_problems = prev["problems"] if prev else 0
@@ -363,48 +439,12 @@ def _read_file(
     contents = Counter(json.loads(prev["contents"]) if prev and prev["contents"] else {})
     state = json.loads(prev["state"]) if prev and prev["state"] else {}
     ctx = ReadContext(run_id, state=state, plugins=w.plugins(run_id), run_config=w.run_config(run_id))
+    failure = None
     try:
         for batch in ingestor.read(f.path, offset, ctx):
-            chunk_id = w.add_chunk(
-                run_id, key, ingestor.name, batch.start, batch.end, batch.points, batch.events
-            )
+            chunk_id = _stage(w, key, run_id, ingestor.name, batch)
             report.chunks.append((run_id, key, ingestor.name, chunk_id))
-            if batch.problems:
-                w.add(
-                    "problems",
-                    [
-                        {
-                            "path": key,
-                            "run_id": run_id,
-                            "offset": p.offset,
-                            "kind": p.kind,
-                            "message": p.message,
-                        }
-                        for p in batch.problems
-                    ],
-                )
-                report.problems.extend((key, p) for p in batch.problems)
-            if batch.evidence:
-                w.add(
-                    "evidence",
-                    [
-                        {
-                            "path": key,
-                            "run_id": run_id,
-                            "status": e.status,
-                            "message": e.message,
-                            "step": e.step,
-                            "failure": e.failure,
-                        }
-                        for e in batch.evidence
-                    ],
-                )
-            if batch.plugins:
-                w.add(
-                    "plugins", [{"run_id": run_id, "tag": t, "plugin": p} for t, p in batch.plugins.items()]
-                )
-            if batch.config:
-                w.set_run_config(run_id, batch.config)
+            report.problems.extend((key, p) for p in batch.problems)
             if first_wall is None and batch.first_wall_time is not None:
                 first_wall = batch.first_wall_time
             last_wall = _latest(last_wall, batch)
@@ -420,18 +460,31 @@ def _read_file(
             if batch.state is not None:
                 state = batch.state
             contents.update({k: v for k, v in batch.counts.items() if v})
+    except StoreError:
+        raise
     except OSError as e:
-        note = f"read error: {e.strerror or e}; kept what was read up to byte {consumed}"
-        report.problems.append((key, Problem(consumed, "read_error", note)))
-        w.add(
-            "problems",
-            [{"path": key, "run_id": run_id, "offset": consumed, "kind": "read_error", "message": note}],
+        failure = Problem(
+            consumed, "read_error", f"read error: {_why(e)}; kept what was read up to byte {consumed}"
         )
+    except Exception as e:  # noqa: BLE001 - a reader bug on one file never costs the other files
+        failure = Problem(
+            consumed,
+            "reader_error",
+            f"the {ingestor.name} reader failed ({_why(e)}); kept what was read up to byte {consumed}",
+        )
+    if failure is not None:
+        note = failure.message
+        report.problems.append((key, failure))
+        w.add("problems", [_problem_row(key, run_id, failure)])
         n_problems += 1
     if note:
         report.notes.append((key, note))
     report.files_read += 1
     report.runs.add(run_id)
+    try:
+        sig = content_sig(f.path, consumed, whole=not appendable)
+    except OSError:  # gone mid-read: no signature, so a file that comes back is read anew
+        sig = None
     w.set_file(
         _file_row(
             f,
@@ -440,8 +493,6 @@ def _read_file(
             size=st.st_size,
             mtime_ns=st.st_mtime_ns,
             consumed=consumed,
-            head_sig=_sig(f.path, 0, min(SIG_BYTES, consumed)),
-            tail_sig=_sig(f.path, consumed - SIG_BYTES, consumed),
             first_wall_time=first_wall,
             last_wall_time=last_wall,
             records=records,
@@ -451,6 +502,7 @@ def _read_file(
             state=json.dumps(state, sort_keys=True) if state else None,
             config_used=ingestor.config_used(ctx.run_config, state),
             contents=json.dumps(dict(sorted(contents.items()))) if contents else None,
+            content_sig=sig,
         )
     )
 
@@ -465,17 +517,79 @@ def _latest(last: float | None, batch) -> float | None:
     return max(times, default=None)
 
 
+def _stage(w: StoreWriter, key: str, run_id: str, source: str, batch: Batch) -> int:
+    """Stage one batch whole or not at all: its rows are checked before anything is staged;
+    returns its chunk id."""
+    rows = {
+        "problems": [_problem_row(key, run_id, p) for p in batch.problems],
+        "evidence": [
+            {
+                "path": key,
+                "run_id": run_id,
+                "status": e.status,
+                "message": e.message,
+                "step": e.step,
+                "failure": e.failure,
+                "wall_time": e.wall_time,
+            }
+            for e in batch.evidence
+        ],
+        "plugins": [{"run_id": run_id, "tag": t, "plugin": p} for t, p in batch.plugins.items()],
+    }
+    frames = {t: w.frame(t, r) for t, r in rows.items() if r}
+    # through JSON once: what the store will write (string keys, no objects it cannot write)
+    config = json.loads(json.dumps(batch.config, default=str)) if batch.config else None
+    chunk_id = w.add_chunk(run_id, key, source, batch.start, batch.end, batch.points, batch.events)
+    for table, frame in frames.items():
+        w.add(table, frame)
+    if config:
+        w.set_run_config(run_id, config)
+    return chunk_id
+
+
+def reread(w: StoreWriter, rows: list[dict], check_crc: bool = True) -> list[str]:
+    """Read files again from 0 into `w` (their stored data already dropped), as they were read
+    before: same run, same format. The `reread` hook of `workbench check --repair`."""
+    by_name = {i.name: i for i in make_ingestors(check_crc=check_crc)}
+    report = IngestReport()
+    out = []
+    rows = sorted(rows, key=lambda r: (r["run_id"], not by_name[r["format"]].is_config, r["path"]))
+    with _progress(Console(stderr=True), 0) as progress:
+        task = progress.add_task("reread", total=0)
+        for row in rows:
+            path, ingestor = Path(row["path"]), by_name[row["format"]]
+            before, problems = report.points, len(report.problems)
+            appendable = ingestor.appendable and not is_gz(path)
+            f = Found(path, path.parent, row["format"])
+            _read_file(w, ingestor, f, row["run_id"], 0, None, appendable, report, progress, task)
+            more = len(report.problems) - problems
+            out.append(
+                f"{path}: read again from the log, {report.points - before:,} points"
+                + (f", {more} problems" if more else "")
+            )
+    return out
+
+
+def repair(store: Store, wait_s: float = 60.0):
+    """`workbench check --repair`: the store's repair, re-reading damaged parts from their logs."""
+    return store.repair(reread, wait_s=wait_s)
+
+
 def print_report(report: IngestReport, console: Console | None = None, max_problems: int = 20) -> None:
     console = console or Console(stderr=True)
     for path, p in report.problems[:max_problems]:
-        console.print(f"[yellow]problem[/] {path} @ {p.offset}: {p.message}", highlight=False)
+        console.print(f"[yellow]problem[/] {escape(path)} @ {p.offset}: {escape(p.message)}", highlight=False)
     if len(report.problems) > max_problems:
         console.print(
             f'... and {len(report.problems) - max_problems} more: workbench sql "SELECT * FROM problems"',
             highlight=False,
         )
     for path, note in report.notes:
-        console.print(f"[dim]note[/] {path}: {note}", highlight=False)
+        console.print(f"[dim]note[/] {escape(path)}: {escape(note)}", highlight=False)
+    for table, why in report.derive_errors.items():
+        console.print(
+            f"[yellow]problem[/] {table} not updated (the last one is kept): {escape(why)}", highlight=False
+        )
     mb = report.bytes_read / 1e6
     console.print(
         f"ingested {len(report.runs)} runs: {report.files_read} files read, "

@@ -8,8 +8,10 @@ TensorBoard monitor logs `Train/Samples/*` against samples: those tags are put o
 steps with the run's train_batch_size (see `ingest.ds_config`).
 
 Damage is salvaged: a record whose data CRC fails is skipped by its length, a broken length
-field is resynchronised on the next whole valid record; both are reported with byte offsets.
-An incomplete last record is an unfinished write: reading stops before it and resumes there.
+field is resynchronised on the next whole valid record, and so is a length running past the end
+of the file when valid records follow it or the file has stopped growing; all are reported with
+byte offsets. An incomplete last record of a growing file is an unfinished write: reading stops
+before it and resumes there.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import numpy as np
 from ingest import tfevents
 from ingest.base import Batch, Evidence, Ingestor, Problem, ReadContext, event
 from ingest.ds_config import batch_size_of
-from ingest.framing import CRC_TABLES, frame_records
+from ingest.framing import CRC_TABLES, GAP_PAST_END, frame_records
+from ingest.lines import is_settled
 from workbench.store.points import Points
 
 SAMPLES_PREFIX = "Train/Samples/"  # DeepSpeed's monitor: these tags count samples, not steps
@@ -55,7 +58,9 @@ class TensorBoardIngestor(Ingestor):
         plugins = dict(ctx.plugins)
         samples = ctx.state.get("ds_samples", False)
         tbs = batch_size_of(ctx.run_config)[0]
+        settled = is_settled(path)
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             pos = start
             block = BLOCK_BYTES
             while True:
@@ -65,7 +70,8 @@ class TensorBoardIngestor(Ingestor):
                     return
                 at_eof = len(data) < block
                 buf = np.frombuffer(data, dtype=np.uint8)
-                offs, lens, end, gaps = frame_records(buf, len(buf), CRC_TABLES)
+                limit = max(size, pos + len(data)) - pos
+                offs, lens, end, gaps = frame_records(buf, len(buf), CRC_TABLES, limit, settled)
                 if len(offs) == 0 and len(gaps) == 0 and not at_eof:
                     block *= 2  # one record larger than a block: read more
                     continue
@@ -89,15 +95,18 @@ class TensorBoardIngestor(Ingestor):
     # ---------------------------------------------------------------------------------------
     def _decode(self, path, buf, base, offs, lens, end, gaps, plugins) -> Batch:
         batch = Batch(start=base, end=base + end, records=len(offs))
-        for g0, g1 in gaps:
-            batch.problems.append(
-                Problem(
-                    base + int(g0),
-                    "bad_length_crc",
-                    f"record length corrupt at byte {base + int(g0)}; skipped "
-                    f"{int(g1 - g0)} bytes to the next valid record",
+        for g0, g1, reason in gaps:
+            at, skipped = base + int(g0), int(g1 - g0)
+            if reason == GAP_PAST_END:
+                length = int(np.frombuffer(buf[g0 : g0 + 8].tobytes(), "<u8")[0])
+                kind, why = (
+                    "bad_length",
+                    f"record length {length:,} at byte {at} runs past the end of the file",
                 )
-            )
+            else:
+                kind, why = "bad_length_crc", f"record length corrupt at byte {at}"
+            to = "to the next valid record" if g1 < len(buf) else "to the end of what was written"
+            batch.problems.append(Problem(at, kind, f"{why}; skipped {skipped} bytes {to}"))
         parts = []
         # threads decode consecutive record ranges; their outputs are merged as compact Points
         for lo, (status, what, wall, step, sess, vals, fvals) in self._decode_parallel(buf, offs, lens):

@@ -53,7 +53,7 @@ def test_damaged_file_never_raises_and_invents_nothing(tmp_path_factory, damage,
 def test_kernels_survive_arbitrary_bytes_without_crc(data, prefix):
     """With CRC checks off, garbage reaches the protobuf decoder: it must stay in bounds."""
     buf = np.frombuffer(prefix + data, np.uint8)
-    offs, lens, end, gaps = frame_records(buf, len(buf), CRC_TABLES)
+    offs, lens, end, gaps = frame_records(buf, len(buf), CRC_TABLES, len(buf), True)
     assert 0 <= end <= len(buf)
     tfevents.decode_records(buf, offs, lens, False, CRC_TABLES)
     # also decode arbitrary bytes as if they were a record payload

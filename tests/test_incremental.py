@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 
+import pytest
 from conftest import DATA, ingest_paths, q
 from tensorboardX import SummaryWriter
 from writers import tbx_scalars
+
+from ingest import pipeline
 
 
 def _snapshot(store):
@@ -102,3 +107,63 @@ def test_same_step_twice_in_one_file_keeps_the_last(store, tmp_path):
         (3, 4.0),
     ]
     assert q(store, "SELECT count(*) n FROM scalars_all WHERE superseded")["n"][0] == 2
+
+
+def _rewrite_in_place(path, old: bytes, new: bytes, at: int | None = None) -> None:
+    """Same size, new bytes in the middle, a newer mtime: what an editor or a resumed job does."""
+    data = path.read_bytes()
+    at = data.index(old) if at is None else at
+    assert len(old) == len(new) and data[at : at + len(old)] == old
+    st = path.stat()
+    path.write_bytes(data[:at] + new + data[at + len(old) :])
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+def test_a_same_size_rewrite_in_the_middle_is_read_again(store, tmp_path):
+    # changed outside the first 4 KB and the 4 KB before the old end: only a content check sees it
+    run = tmp_path / "run"
+    run.mkdir()
+    f = run / "metrics.jsonl"
+    f.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(2000)))
+    ingest_paths(store, run)
+    _rewrite_in_place(f, b'{"step": 1000, "loss": 1.0}', b'{"step": 1000, "loss": 7.0}')
+    r = ingest_paths(store, run)
+    assert r.files_read == 1
+    assert q(store, "SELECT value FROM scalars WHERE step = 1000")["value"].to_list() == [7.0]
+    assert q(store, "SELECT count(*) n FROM scalars_all")["n"][0] == 2000
+
+
+def test_a_big_event_file_rewritten_in_the_middle_is_read_again(store, tmp_path):
+    # past FULL_HASH_BYTES the check samples windows, the middle one among them
+    f = tbx_scalars(tmp_path / "run", {"loss": [(s, 1.0) for s in range(2000)]})
+    data = f.read_bytes()
+    first = 16 + int.from_bytes(data[:8], "little")  # the file_version record, then 2000 scalars
+    copies = pipeline.FULL_HASH_BYTES // (len(data) - first) + 1
+    f.write_bytes(data[:first] + data[first:] * copies)  # the same records again: resumed writers
+    ingest_paths(store, tmp_path / "run")
+    data = f.read_bytes()
+    recs, p = [], 0
+    while p < len(data):
+        n = int.from_bytes(data[p : p + 8], "little")
+        recs.append((p, 16 + n))
+        p += 16 + n
+    off, n = next((o, n) for o, n in recs if o <= len(data) // 2 < o + n)
+    record = data[off : off + n]
+    _rewrite_in_place(f, record, record[:-1] + bytes([record[-1] ^ 0xFF]), at=off)
+    r = ingest_paths(store, tmp_path / "run")
+    assert r.files_read == 1 and r.points == 2000 * copies - 1  # the damaged record is reported
+    # read again from the start (a rewrite is a problem row of its own), the damage reported
+    assert [x.kind for _, x in r.problems] == ["rewritten", "bad_data_crc"]
+
+
+def test_a_touched_file_is_checked_not_read(store, tmp_path):
+    f = tbx_scalars(tmp_path / "run", {"loss": [(s, 1.0) for s in range(100)]})
+    ingest_paths(store, tmp_path / "run")
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    r = ingest_paths(store, tmp_path / "run")
+    assert r.files_read == 0 and r.files_unchanged == 1
+    assert q(store, "SELECT mtime FROM files")["mtime"][0].timestamp() == pytest.approx(
+        st.st_mtime + 1, abs=1e-5
+    )
+    assert ingest_paths(store, tmp_path / "run").files_unchanged == 1  # its new mtime was kept

@@ -137,6 +137,48 @@ def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s):
 
 
 @main.command()
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Mend what is damaged: go back to the newest intact generation, read damaged parts "
+    "again from their logs, drop what cannot be read again (reported).",
+)
+@_store_option
+@click.option(
+    "--wait",
+    "wait_s",
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --repair: how long to wait for an ingest writing to the same store.",
+)
+def check(repair, store, wait_s):
+    """Verify the store against its own records: the format version, CURRENT, every table of
+    the live generation and every Parquet part (present, size, sha256 as written).
+
+    Prints what is damaged and exits 1 while anything is; with --repair, prints what it
+    mended and exits 0 when the store is whole again.
+
+    \b
+    Example:
+      workbench check
+      workbench check --repair --store .workbench
+    """
+    from workbench import render
+
+    s = _store(store)
+    if repair:
+        from ingest.pipeline import repair as run_repair
+
+        report = run_repair(s, wait_s=wait_s)
+    else:
+        report = s.check()
+    render.check_report(report)
+    if not report.ok:
+        sys.exit(1)
+
+
+@main.command()
 @click.argument("query")
 @_store_option
 @_format_option

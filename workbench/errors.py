@@ -18,3 +18,8 @@ class NotFoundError(WorkbenchError):
     """The command named something that is not there (a path, a run, a log)."""
 
     exit_code = 2
+
+
+class StoreError(WorkbenchError):
+    """A store that cannot be opened or written as asked: missing, damaged, newer than this
+    workbench, or out of disk space (the message says what to do)."""

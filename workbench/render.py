@@ -394,3 +394,25 @@ def lineage_tree(node) -> None:
     root = Tree(label(node.run))
     grow(root, node)
     Console().print(root)
+
+
+def check_report(report) -> None:
+    """`workbench check`: what was verified, what is damaged, what --repair did."""
+    out = _out()
+    gen = f", generation {report.generation}" if report.generation else ""
+    out.print(
+        f"store {escape(str(report.root))}{gen}: {report.tables} tables and {report.parts:,} parts checked",
+        highlight=False,
+    )
+    for d in report.damage:
+        out.print(f"[red]damaged[/] {escape(d.path)} {escape(d.message)}", highlight=False)
+    for line in report.repaired:
+        out.print(f"[green]repaired[/] {escape(line)}", highlight=False)
+    for line in report.refused:
+        out.print(f"[red]not repaired[/] {escape(line)}", highlight=False)
+    for d in report.after if report.repaired else []:
+        out.print(f"[red]still damaged[/] {escape(d.path)} {escape(d.message)}", highlight=False)
+    if report.ok:
+        out.print("the store is whole" + (" again" if report.repaired else ""), highlight=False)
+    elif not report.repaired and not report.refused:
+        out.print(f"{len(report.damage)} damaged; repair with: workbench check --repair", highlight=False)

@@ -60,6 +60,9 @@ class Points:
         )
 
 
+_INT64 = 1 << 63
+
+
 class PointsBuilder:
     """Collects points one at a time (text and JSON readers) and hands them over as Points."""
 
@@ -74,6 +77,9 @@ class PointsBuilder:
         self.values: list[float] = []
 
     def add(self, tag: str, step: int, value: float, wall_time: float = np.nan) -> None:
+        """Raises ValueError for a step outside int64 (before anything is added)."""
+        if not -_INT64 <= step < _INT64:
+            raise ValueError(f"step {step} is outside the 64-bit range of steps")
         self.codes.append(self.tags.setdefault(tag, len(self.tags)))
         self.steps.append(step)
         self.walls.append(wall_time)

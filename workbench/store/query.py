@@ -47,7 +47,7 @@ def run_query(store: Store, query: str, fmt: str = "csv", params: list | None = 
         with open(tmp, encoding="utf-8") as f:
             text = f.read()
     except duckdb.Error as e:
-        raise QueryError(str(e).strip()) from None
+        raise _query_error(store, e) from None
     finally:
         os.unlink(tmp)
         con.close()
@@ -61,7 +61,26 @@ def require_run(store: Store, run_id: str) -> None:
     con = store.connect()
     try:
         known = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0]
+    except duckdb.Error as e:
+        raise _query_error(store, e) from None
     finally:
         con.close()
     if not known:
         raise NotFoundError(f"no run {run_id!r} in {store.root}; list them with: workbench runs")
+
+
+# errors in the query text itself; anything else may come from a damaged file
+_QUERY_FAULTS = (
+    duckdb.ParserException,
+    duckdb.BinderException,
+    duckdb.CatalogException,
+    duckdb.ConversionException,
+    duckdb.OutOfRangeException,
+)
+
+
+def _query_error(store: Store, e: duckdb.Error) -> QueryError:
+    message = str(e).strip()
+    if not isinstance(e, _QUERY_FAULTS):
+        message += f"\n(if the query is not at fault, the store may be damaged: workbench check --store {store.root})"
+    return QueryError(message)

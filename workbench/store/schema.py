@@ -28,8 +28,7 @@ FILES = {
     "size": pl.Int64,
     "mtime_ns": pl.Int64,
     "consumed": pl.Int64,  # bytes read so far; the next ingest resumes here
-    "head_sig": pl.String,  # hash of the first bytes, to tell a rewrite from an append
-    "tail_sig": pl.String,  # hash of the bytes just before `consumed`
+    "content_sig": pl.String,  # hash of bytes [0, consumed) (sampled for big appendable files): rewrite or append?
     "first_wall_time": pl.Float64,  # orders a run's files into segments
     "last_wall_time": pl.Float64,  # of its newest record: how long ago the run last wrote
     "records": pl.Int64,
@@ -60,6 +59,16 @@ CHUNK_TAGS = {
     "min_step": pl.Int64,
     "max_step": pl.Int64,
 }
+
+# The Parquet parts a chunk wrote, as written: what `workbench check` verifies them against.
+PARTS = {
+    "chunk_id": pl.Int64,
+    "kind": pl.String,  # scalars | events
+    "rows": pl.Int64,
+    "size": pl.Int64,
+    "sha256": pl.String,
+}
+PART_KINDS = ("scalars", "events")
 
 # Events of one chunk, written as a Parquet part beside the points (joined to chunks by id).
 EVENT_PART = {
@@ -185,6 +194,7 @@ META_TABLES = {
     "files": FILES,
     "chunks": CHUNKS,
     "chunk_tags": CHUNK_TAGS,
+    "parts": PARTS,
     "problems": PROBLEMS,
     "plugins": PLUGINS,
     "run_config": RUN_CONFIG,

@@ -1,5 +1,6 @@
 """SQL text for the few places where a statement must be built as text (view definitions over
-file paths and user-extensible alias tables). Everything else binds parameters (`?`)."""
+file paths and user-extensible alias tables), and the one DuckDB configuration every store
+connection uses. Everything else binds parameters (`?`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,25 @@ import polars as pl
 _DUCK_TYPES = {pl.String: "VARCHAR", pl.Int64: "BIGINT", pl.Float64: "DOUBLE", pl.Boolean: "BOOLEAN"}
 
 
+def duckdb_config() -> dict:
+    """Offline by construction: a query never installs or loads an extension (a read-only
+    `SELECT * FROM read_csv('https://...')` would otherwise fetch code and data from the network)."""
+    return {
+        "autoinstall_known_extensions": False,
+        "autoload_known_extensions": False,
+        "allow_community_extensions": False,
+    }
+
+
 def literal(s: str) -> str:
     """A SQL string literal."""
     return "'" + s.replace("'", "''") + "'"
+
+
+def glob_literal(path: str, pattern: str = "") -> str:
+    """A SQL string literal for a DuckDB glob: `path` + `pattern`, where the glob characters of
+    `path` match only themselves (a store folder may be named `runs[1]`)."""
+    return literal("".join(f"[{c}]" if c in "[*?" else c for c in path) + pattern)
 
 
 def duck_type(t) -> str:

@@ -18,42 +18,62 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
+import workbench.store.check as check_mod
+import workbench.store.integrity as integrity
 import workbench.store.layout as layout
-from workbench.errors import WorkbenchError
-from workbench.store.layout import MARKER, store_path
+from workbench.errors import StoreError
+from workbench.store.layout import store_path
+from workbench.store.sql import duckdb_config
 from workbench.store.views import view_statements
 from workbench.store.writer import CLI_LABEL_ORIGIN, StoreWriter
 
 
-class StoreError(WorkbenchError):
-    """A store that cannot be opened or written as asked (the message says what to do)."""
-
-
 class Store:
-    """A store directory. `writer()` for ingest, `connect()` for queries."""
+    """A store directory. `writer()` for ingest, `connect()` for queries, `check()` to verify."""
 
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = store_path(root).absolute()
 
     # ---- reading -------------------------------------------------------------------------
     def current_generation(self) -> Path | None:
+        """The live generation (None: nothing written yet); StoreError for a damaged or newer store."""
+        layout.store_format(self.root)
         return layout.current_generation(self.root)
 
     def exists(self) -> bool:
         return self.current_generation() is not None
 
     def connect(self) -> duckdb.DuckDBPyConnection:
-        """An in-memory DuckDB connection with the store's views (read-only by construction)."""
+        """An in-memory DuckDB connection with the store's views (read-only by construction,
+        offline: no extension is installed or loaded). A store with a missing part or an
+        unreadable table refuses (StoreError) rather than answer without them."""
         gen = self.current_generation()
         if gen is None:
             raise StoreError(
                 f"no store at {self.root}. Create one with: workbench ingest PATH --store {self.root}"
             )
-        con = duckdb.connect(":memory:")
-        for stmt in view_statements(self.root, gen):
-            con.execute(stmt)
+        if damage := integrity.quick_check(self.root, gen):
+            raise StoreError(integrity.damage_message(self.root, damage))
+        con = duckdb.connect(":memory:", config=duckdb_config())
+        try:
+            for stmt in view_statements(self.root, gen):
+                con.execute(stmt)
+        except (duckdb.Error, OSError, pa.ArrowException) as e:
+            con.close()
+            damage = integrity.verify_generation(self.root, gen)
+            if damage:
+                raise StoreError(integrity.damage_message(self.root, damage)) from None
+            raise StoreError(
+                f"the store at {self.root} is damaged: {str(e).splitlines()[0]}; {layout.repair_hint(self.root)}"
+            ) from None
+        con.execute("SET lock_configuration = true")
         return con
+
+    def check(self) -> check_mod.CheckReport:
+        """Verify the store against its metadata (read-only); see `workbench.store.check`."""
+        return check_mod.check(self.root)
 
     # ---- writing -------------------------------------------------------------------------
     def label(self, run_id: str, outcome: str, onset: int | None, kind: str | None, note: str | None) -> None:
@@ -68,8 +88,24 @@ class Store:
     @contextlib.contextmanager
     def writer(self, wait_s: float = 60.0) -> Iterator[StoreWriter]:
         """The one writer of this store (other processes wait up to `wait_s`, then fail)."""
+        with self._locked(wait_s):
+            w = StoreWriter(self.root)
+            try:
+                yield w
+            finally:
+                w.close()
+
+    def repair(self, reread: check_mod.Reread, wait_s: float = 60.0) -> check_mod.CheckReport:
+        """Repair what `check` finds, under the writer lock; see `workbench.store.check.repair`."""
+        with self._locked(wait_s, repairing=True):
+            return check_mod.repair(self.root, reread)
+
+    @contextlib.contextmanager
+    def _locked(self, wait_s: float, repairing: bool = False) -> Iterator[None]:
+        """The writer lock (repair judges the marker's format itself)."""
+        if not repairing:
+            layout.store_format(self.root)  # never write into a store of a newer format
         self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / MARKER).touch()
         lock = open(self.root / "lock", "a+")  # noqa: SIM115 - held for the whole block
         try:
             _acquire(lock, self.root, wait_s)
@@ -77,11 +113,8 @@ class Store:
             lock.truncate()
             lock.write(str(os.getpid()))
             lock.flush()
-            w = StoreWriter(self.root)
-            try:
-                yield w
-            finally:
-                w.close()
+            (self.root / layout.MARKER).touch()  # a store from the start: ingest never reads it
+            yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
             lock.close()

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 import workbench.store.aliases as aliases
 import workbench.store.schema as schema
-from workbench.store.sql import duck_type, empty_select, literal
+from workbench.store.sql import duck_type, empty_select, glob_literal
 
 
 def _meta_sql(gen: Path, table: str, sch: dict) -> str:
@@ -31,13 +31,13 @@ def _meta_sql(gen: Path, table: str, sch: dict) -> str:
     cols = ", ".join(
         f'"{c}"' if c in have else f'CAST(NULL AS {duck_type(t)}) AS "{c}"' for c, t in sch.items()
     )
-    return f"SELECT {cols} FROM read_parquet({literal(str(path))})"
+    return f"SELECT {cols} FROM read_parquet({glob_literal(str(path))})"
 
 
 def _parts_sql(folder: Path, pattern: str, sch: dict, select: str) -> str:
     """Every Parquet part under `folder` matching `pattern`, or no rows when there are none yet."""
     if folder.exists() and next(folder.glob(pattern), None) is not None:  # stops at the first match
-        return select.format(src=f"read_parquet({literal(str(folder / pattern))})")
+        return select.format(src=f"read_parquet({glob_literal(str(folder), '/' + pattern)})")
     return empty_select(sch)
 
 

@@ -1,10 +1,17 @@
-"""Staging changes to a store and publishing them as one new metadata generation."""
+"""Staging changes to a store and publishing them as one new metadata generation.
+
+Every part is written to a temporary name and renamed, with its size and sha256 recorded in the
+generation (`parts`); every generation is written to a temporary folder with a manifest of its
+tables and renamed before CURRENT names it. A full disk stops the writer with a StoreError and
+leaves the previous generation in force.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
-import re
 import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,9 +23,12 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+import workbench.store.integrity as integrity
 import workbench.store.layout as layout
 import workbench.store.schema as schema
+from workbench.errors import StoreError
 from workbench.store.points import Points, order_and_supersede
+from workbench.store.sql import duckdb_config
 from workbench.store.views import view_statements
 
 CLI_LABEL_ORIGIN = "workbench label"
@@ -26,6 +36,20 @@ CLI_LABEL_ORIGIN = "workbench label"
 # the views of the new generation, the table's rows in the previous one and the runs whose
 # files changed in this commit
 Derive = Callable[[duckdb.DuckDBPyConnection, pl.DataFrame, set[str]], pl.DataFrame]
+
+
+@contextlib.contextmanager
+def disk_full_is_a_store_error(root: Path):
+    """ENOSPC (and quota) from any writer below becomes one message that says what to do."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT) and "No space left" not in str(e):
+            raise
+        raise StoreError(
+            f"disk full while writing the store at {root}: nothing of this run was published and the "
+            "store still holds what it held before; free some space and run the command again"
+        ) from None
 
 
 def _deep_merge(base: dict, new: dict) -> dict:
@@ -39,33 +63,47 @@ def _deep_merge(base: dict, new: dict) -> dict:
 class StoreWriter:
     """Stages changes to the store; nothing is visible until `commit()`."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, verify: bool = True):
+        """`verify`: refuse a store whose tables or parts are missing or cut short (`workbench
+        check --repair` opens it without, to repair it)."""
         self.root = root
         gen = layout.current_generation(root)
         self.previous = gen
-        self.generation = int(gen.name[1:]) if gen else 0
+        # above every generation folder, published or not, so that a new one never lands on one
+        self.generation = max([int(g.name[1:]) for g in layout.generations(root)] + [0])
         self.tables = {t: layout.read_meta(t, gen) for t in schema.META_TABLES}
+        if verify and gen is not None and (damage := integrity.quick_check(root, gen, self.tables)):
+            raise StoreError(integrity.damage_message(root, damage))
         self.next_chunk_id = int(self.tables["chunks"]["chunk_id"].max() or 0) + 1
         self._new: dict[str, list[pl.DataFrame]] = {t: [] for t in schema.META_TABLES}
         self.changed_runs: set[str] = set()  # runs whose files were read, dropped or rewritten
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet")
         self._pending: list = []
+        self.derive_errors: dict[str, str] = {}  # derived table -> why the last one was kept
         self._collect_garbage()
 
     # Everything is keyed by source path: a rewritten or moved file is dropped whole, then re-read.
     def drop_file(self, path: str) -> None:
         self._flush_parts()
         self.changed_runs.update(self.table("files").filter(pl.col("path") == path)["run_id"].to_list())
-        for t in ("files", "chunks", "problems", "evidence"):
-            df = self.tables[t]
-            old = df.filter(pl.col("path") == path)
-            if t == "chunks":
-                ids = old["chunk_id"]
-                self.tables["chunk_tags"] = self.tables["chunk_tags"].filter(
-                    ~pl.col("chunk_id").is_in(ids.implode())
-                )
-            self.tables[t] = df.filter(pl.col("path") != path)
-            self._new[t] = [d.filter(pl.col("path") != path) for d in self._new[t]]
+        ids = self.table("chunks").filter(pl.col("path") == path)["chunk_id"]
+        self.drop_chunks(ids.to_list())
+        for t in ("files", "problems", "evidence"):
+            self._replace(t, pl.col("path") != path)
+
+    def drop_parts(self, chunk_ids: list[int], kind: str) -> None:
+        """Forget one kind of part of these chunks (the chunks stay)."""
+        gone = pl.col("chunk_id").is_in(pl.Series(chunk_ids, dtype=pl.Int64).implode()) & (
+            pl.col("kind") == kind
+        )
+        self._replace("parts", ~gone)
+
+    def drop_chunks(self, chunk_ids: list[int]) -> None:
+        """Forget chunks (their parts become garbage for the next writer)."""
+        self._flush_parts()
+        keep = ~pl.col("chunk_id").is_in(pl.Series(chunk_ids, dtype=pl.Int64).implode())
+        for t in ("chunks", "chunk_tags", "parts"):
+            self._replace(t, keep)
 
     def add_chunk(
         self,
@@ -84,6 +122,14 @@ class StoreWriter:
         most one part waits, so memory stays bounded. `commit()` waits for every part.
         """
         chunk_id = self.next_chunk_id
+        frame = (
+            pl.DataFrame(
+                [{**e, "chunk_id": chunk_id, "run_id": run_id, "path": path} for e in events],
+                schema=schema.EVENT_PART,
+            )
+            if events
+            else None
+        )  # built first: an event that does not fit its columns stages nothing of the chunk
         self.next_chunk_id += 1
         self.add(
             "chunks",
@@ -100,11 +146,7 @@ class StoreWriter:
                 schema=schema.CHUNKS,
             ),
         )
-        if events:
-            frame = pl.DataFrame(
-                [{**e, "chunk_id": chunk_id, "run_id": run_id, "path": path} for e in events],
-                schema=schema.EVENT_PART,
-            )
+        if frame is not None:
             self._pending.append(self._pool.submit(self._write_events, run_id, chunk_id, frame))
         if len(points):
             self._pending.append(self._pool.submit(self._write_part, run_id, chunk_id, points))
@@ -119,24 +161,38 @@ class StoreWriter:
         self._pool.shutdown(wait=True)
 
     def _collect(self, future) -> None:
-        result = future.result()
-        if result is not None:
-            self.add("chunk_tags", result)
+        with disk_full_is_a_store_error(self.root):
+            tags, part = future.result()
+        if tags is not None:
+            self.add("chunk_tags", tags)
+        self.add("parts", [part])
 
-    def _write_events(self, run_id: str, chunk_id: int, frame: pl.DataFrame) -> None:
+    def _publish_part(self, kind: str, chunk_id: int, rows: int, tmp: Path, part: Path) -> dict:
+        """Rename a written part into place; its `parts` row (size and sha256 as written)."""
+        layout.fsync_file(tmp)
+        row = {
+            "chunk_id": chunk_id,
+            "kind": kind,
+            "rows": rows,
+            "size": tmp.stat().st_size,
+            "sha256": layout.sha256_file(tmp),
+        }
+        os.replace(tmp, part)
+        return row
+
+    def _write_events(self, run_id: str, chunk_id: int, frame: pl.DataFrame) -> tuple[None, dict]:
         part = layout.event_part(self.root, run_id, chunk_id)
         part.parent.mkdir(parents=True, exist_ok=True)
         tmp = part.with_name(part.name + ".tmp")
         frame.write_parquet(tmp, compression="zstd")
-        layout.fsync_file(tmp)
-        os.replace(tmp, part)
+        return None, self._publish_part("events", chunk_id, frame.height, tmp, part)
 
     def _flush_parts(self) -> None:
         while self._pending:
             self._collect(self._pending.pop(0))
 
-    def _write_part(self, run_id: str, chunk_id: int, points: Points) -> pl.DataFrame:
-        """Write the part file; returns its per-tag step ranges (chunk_tags rows)."""
+    def _write_part(self, run_id: str, chunk_id: int, points: Points) -> tuple[pl.DataFrame, dict]:
+        """Write the part file; returns its per-tag step ranges (chunk_tags rows) and its parts row."""
         n = len(points)
         # dictionary in name order, so parts sort by (tag name, step)
         by_name = np.argsort(np.array(points.tags, dtype=object))
@@ -162,11 +218,10 @@ class StoreWriter:
         part.parent.mkdir(parents=True, exist_ok=True)
         tmp = part.with_name(part.name + ".tmp")
         pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
-        layout.fsync_file(tmp)
-        os.replace(tmp, part)
+        row = self._publish_part("scalars", chunk_id, n, tmp, part)
         # codes are sorted, so each tag is one contiguous run
         starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-        return pl.DataFrame(
+        tags = pl.DataFrame(
             {
                 "chunk_id": np.full(len(starts), chunk_id, np.int64),
                 "tag": [sorted_tags[c] for c in codes[starts]],
@@ -175,12 +230,18 @@ class StoreWriter:
                 "max_step": np.maximum.reduceat(steps, starts),
             }
         )
+        return tags, row
 
-    def add(self, table: str, rows: pl.DataFrame | list[dict]) -> None:
+    def frame(self, table: str, rows: pl.DataFrame | list[dict]) -> pl.DataFrame:
+        """Rows in the table's columns; raises for a value that does not fit (before staging)."""
         sch = schema.META_TABLES[table]
         df = rows if isinstance(rows, pl.DataFrame) else pl.DataFrame(rows, schema=sch)
+        return schema.conform(df, sch, table)
+
+    def add(self, table: str, rows: pl.DataFrame | list[dict]) -> None:
+        df = self.frame(table, rows)
         if df.height:
-            self._new[table].append(schema.conform(df, sch, table))
+            self._new[table].append(df)
 
     def _replace(self, table: str, keep: pl.Expr, rows: pl.DataFrame | list[dict] = ()) -> None:
         """Keep the rows matching `keep` (stored and staged), then stage `rows`."""
@@ -192,6 +253,20 @@ class StoreWriter:
         """Insert or replace a file's manifest row."""
         self.changed_runs.add(row["run_id"])
         self._replace("files", pl.col("path") != row["path"], [row])
+
+    def clear_problems(self, under: list[str], kinds: tuple[str, ...]) -> None:
+        """Forget the problems of these kinds recorded for paths under these folders (or files)."""
+        inside = pl.lit(False)
+        for root in under:
+            inside = (
+                inside | (pl.col("path") == root) | pl.col("path").str.starts_with(root.rstrip("/") + "/")
+            )
+        self._replace("problems", ~(pl.col("kind").is_in(list(kinds)) & inside))
+
+    def set_problems(self, path: str, rows: list[dict], kind: str | None = None) -> None:
+        """Replace the problems recorded for `path` (of one kind, if given)."""
+        keep = pl.col("path") != path
+        self._replace("problems", keep if kind is None else keep | (pl.col("kind") != kind), rows)
 
     def set_alerts(
         self, rule_ids: list[str], runs: list[str], alerts: pl.DataFrame, source: str = "replay"
@@ -257,31 +332,43 @@ class StoreWriter:
         """Publish everything staged as a new generation; returns its directory.
 
         `derive` computes tables of DERIVED_TABLES from the views of the new generation; the
-        derived tables it does not name are carried over from the previous generation.
+        derived tables it does not name, or whose hook fails (`derive_errors` says why), are
+        carried over from the previous generation: a derived table never costs the data.
         `catalog=False` leaves catalog.duckdb on an earlier generation (kept until the next
         catalog is written): for writers that commit every second (a live watch).
         """
-        self._flush_parts()
         self.generation += 1
         name = f"g{self.generation:08d}"
         meta = self.root / "meta"
-        meta.mkdir(exist_ok=True)
         tmp = meta / (name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        for t, sch in schema.META_TABLES.items():
-            df = schema.conform(self.table(t), sch, t)
-            df.write_parquet(tmp / f"{t}.parquet", compression="zstd")
-            layout.fsync_file(tmp / f"{t}.parquet")
-        self._derive(tmp, derive or {})
-        final = meta / name
-        os.replace(tmp, final)
-        layout.fsync_dir(meta)
         cur_tmp = self.root / "CURRENT.tmp"
-        cur_tmp.write_text(name + "\n")
-        layout.fsync_file(cur_tmp)
-        os.replace(cur_tmp, self.root / "CURRENT")
-        layout.fsync_dir(self.root)
+        final, published = meta / name, False
+        try:
+            with disk_full_is_a_store_error(self.root):
+                self._flush_parts()
+                meta.mkdir(exist_ok=True)
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir()
+                for t, sch in schema.META_TABLES.items():
+                    df = schema.conform(self.table(t), sch, t)
+                    df.write_parquet(tmp / f"{t}.parquet", compression="zstd")
+                    layout.fsync_file(tmp / f"{t}.parquet")
+                self._derive(tmp, derive or {})
+                layout.write_manifest(tmp)
+                os.replace(tmp, final)
+                layout.fsync_dir(meta)
+                cur_tmp.write_text(name + "\n")
+                layout.fsync_file(cur_tmp)
+                os.replace(cur_tmp, self.root / "CURRENT")
+                published = True
+                layout.fsync_dir(self.root)
+                layout.write_marker(self.root)
+        except BaseException:
+            if not published:  # give the space back; CURRENT still names the last generation
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.rmtree(final, ignore_errors=True)
+                cur_tmp.unlink(missing_ok=True)
+            raise
         for t in schema.META_TABLES:
             self.tables[t] = self.table(t)
             self._new[t] = []
@@ -292,62 +379,91 @@ class StoreWriter:
         return final
 
     def _derive(self, gen: Path, derive: dict[str, Derive]) -> None:
-        con = duckdb.connect(":memory:")
+        for table in schema.DERIVED_TABLES:
+            out = gen / f"{table}.parquet"
+            frame = self._derived(table, derive[table], gen) if table in derive else None
+            if frame is not None:
+                frame.write_parquet(out, compression="zstd")
+            elif self.previous is not None and (self.previous / f"{table}.parquet").exists():
+                shutil.copyfile(self.previous / f"{table}.parquet", out)
+            else:
+                continue
+            layout.fsync_file(out)
+
+    def _derived(self, table: str, hook: Derive, gen: Path) -> pl.DataFrame | None:
+        """The hook's table, or None (the last one is kept) when it fails, with the reason."""
+        con = duckdb.connect(":memory:", config=duckdb_config())
         try:
             for stmt in view_statements(self.root, gen):
                 con.execute(stmt)
-            for table, sch in schema.DERIVED_TABLES.items():
-                out = gen / f"{table}.parquet"
-                previous = self.previous / f"{table}.parquet" if self.previous is not None else None
-                if table in derive:
-                    before = layout.read_derived(table, self.previous)
-                    frame = derive[table](con, before, self.changed_runs)
-                    schema.conform(frame, sch, table).write_parquet(out, compression="zstd")
-                elif previous is not None and previous.exists():
-                    shutil.copyfile(previous, out)
-                else:
-                    continue
-                layout.fsync_file(out)
+            before = layout.read_derived(table, self.previous)
+            return schema.conform(hook(con, before, self.changed_runs), schema.DERIVED_TABLES[table], table)
+        except Exception as e:  # noqa: BLE001 - a derived table never costs the ingested data
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                raise
+            self.derive_errors[table] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return None
         finally:
             con.close()
 
     def _write_catalog(self, gen: Path) -> None:
-        """A DuckDB file with the same views, for people who open the store with the duckdb CLI."""
+        """A DuckDB file with the same views, for people who open the store with the duckdb CLI.
+        Without space for it, the old one goes (it would show a generation being collected)."""
         tmp = self.root / "catalog.duckdb.tmp"
         tmp.unlink(missing_ok=True)
-        con = duckdb.connect(str(tmp))
         try:
-            for stmt in view_statements(self.root, gen):
-                con.execute(stmt)
-        finally:
-            con.close()
-        os.replace(tmp, self.root / "catalog.duckdb")
-        (self.root / layout.CATALOG_GENERATION).write_text(gen.name + "\n")
+            con = duckdb.connect(str(tmp), config=duckdb_config())
+            try:
+                for stmt in view_statements(self.root, gen):
+                    con.execute(stmt)
+            finally:
+                con.close()
+            os.replace(tmp, self.root / "catalog.duckdb")
+            (self.root / layout.CATALOG_GENERATION).write_text(gen.name + "\n")
+        except (OSError, duckdb.IOException) as e:
+            tmp.unlink(missing_ok=True)
+            (self.root / "catalog.duckdb").unlink(missing_ok=True)
+            raise StoreError(
+                f"the new generation of {self.root} is published, but catalog.duckdb (the duckdb CLI's "
+                f"view of it) could not be written ({e}); the next ingest writes it again"
+            ) from None
 
     def _collect_garbage(self) -> None:
-        """Remove what no live generation refers to: parts of killed ingests, old generations."""
+        """Remove what no live generation refers to: unpublished generations (killed writers),
+        old ones, and parts no kept generation lists. Only what is proven unreferenced goes: a
+        kept generation that cannot be read keeps every part, a file not named like a part stays."""
         meta = self.root / "meta"
-        if not meta.exists():
-            return
-        gens = sorted(p for p in meta.iterdir() if re.fullmatch(r"g\d{8}", p.name))
-        for p in meta.iterdir():
-            if p.name.endswith(".tmp"):
-                shutil.rmtree(p, ignore_errors=True)
-        current = layout.current_generation(self.root)
+        if meta.is_dir():
+            for p in meta.iterdir():
+                if p.name.endswith(".tmp"):
+                    shutil.rmtree(p, ignore_errors=True)
+        current = self.previous  # None: nothing was ever published, all is a killed writer's
+        gens = layout.generations(self.root)
         keep = [g for g in gens if current is not None and g <= current][-2:]  # readers may lag one
         catalog = layout.catalog_generation(self.root)  # catalog.duckdb's views read it
-        if catalog in gens and catalog not in keep:
+        if (
+            current is not None
+            and (self.root / "catalog.duckdb").exists()
+            and catalog in gens
+            and catalog not in keep
+        ):
             keep.append(catalog)
         for g in gens:
             if g not in keep:
                 shutil.rmtree(g, ignore_errors=True)
         live: set[Path] = set()
         for g in keep:
-            chunks = pl.read_parquet(g / "chunks.parquet", columns=["chunk_id", "run_id"])
-            for c, r in zip(chunks["chunk_id"].to_list(), chunks["run_id"].to_list(), strict=True):
-                live.update((layout.scalar_part(self.root, r, c), layout.event_part(self.root, r, c)))
-        for kind in ("scalars", "events"):
-            if (self.root / kind).exists():
+            try:
+                chunks = pl.read_parquet(g / "chunks.parquet", columns=["chunk_id", "run_id"], glob=False)
+            except Exception:  # noqa: BLE001 - unreadable: which parts it lists is unknown
+                return
+            for kind in schema.PART_KINDS:
+                n = chunks.height
+                live.update(
+                    map(Path, layout.part_files(self.root, [kind] * n, chunks["run_id"], chunks["chunk_id"]))
+                )
+        for kind in schema.PART_KINDS:
+            if (self.root / kind).is_dir():
                 for part in (self.root / kind).glob("*/*"):
-                    if part not in live:
+                    if layout.PART_NAME[kind].fullmatch(part.name) and part not in live:
                         part.unlink(missing_ok=True)
