@@ -1,22 +1,32 @@
-"""Server-side time to build the Curves page for 10 runs x 1M points, cold and with a warm cache.
+"""The Curves page at 10 runs x 1M points: time per control change in a real browser, next to
+the server-side time of the same change.
 
-The store is written directly (10 runs x N steps of a noisy decaying loss with a few spikes);
-the page runs under Streamlit's AppTest (the server side of a page view: the script, the cached
-reads, smoothing over every point, min/max downsampling, the plotly figure and its message).
-Peer in the same run: the same figure built with plotly express from every raw point, as a
-page without display downsampling would (what TensorBoard's users ask to avoid).
+The store is written directly (10 runs x N steps of a noisy decaying loss with a few spikes).
+Server side: the page under Streamlit's AppTest (the script, the cached reads, smoothing over
+every point, downsampling, the figures and their messages). Browser side: `streamlit run` and
+Playwright driving Debian's Chromium at 1440 x 900, from the action until Streamlit has stopped
+running and every chart has drawn (plotly's `afterplot`), with a check that the change shows.
+Peer, in the same browser and run: bare plotly.js drawing the same figures (`Plotly.react` in
+an empty page), the floor for any page that draws them.
 
-    python benchmarks/curves_page.py [--runs 10] [--steps 1000000]
+    python benchmarks/curves_page.py [--runs 10] [--steps 1000000] [--store DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +40,9 @@ from synthetic import write_run  # noqa: E402
 from workbench.store import Store  # noqa: E402
 from workbench.store.points import Points  # noqa: E402
 
+CHROMIUM = "/usr/bin/chromium"
+TAG = "train/loss"
+
 
 def build(root: Path, runs: int, steps: int) -> Store:
     store = Store(root)
@@ -40,51 +53,234 @@ def build(root: Path, runs: int, steps: int) -> Store:
             y = 1 + 3 * np.exp(-t / (steps / 5)) + rng.normal(0, 0.05, steps)
             y[rng.choice(steps, 5, replace=False)] += 5
             run = f"run_{i:02d}"
-            write_run(w, run, Points(["train/loss"], np.zeros(steps, np.int32), t, 1.7e9 + t * 0.5, y))
+            write_run(w, run, Points([TAG], np.zeros(steps, np.int32), t, 1.7e9 + t * 0.5, y))
         w.commit()
     return store
+
+
+# (name, how a user does it, what the page shows afterwards: a JS predicate over the first chart)
+ACTIONS = [
+    ("smoothing 0.600 -> 0.601", "slider:ArrowRight", "gd => gd.data.length > 0"),
+    ("log y on", "click:log y", "gd => gd.layout.yaxis.type === 'log'"),
+    (
+        "x = relative time",
+        "click:relative time",
+        "gd => gd.layout.xaxis.title.text.startsWith('relative time')",
+    ),
+    ("x = wall time", "click:wall time", "gd => gd.layout.xaxis.type === 'date'"),
+    ("x = step (seen before)", "click:step", "gd => gd.layout.xaxis.title.text === 'step'"),
+    ("raw line off", "click:raw line", "gd => gd.data.every(t => t.opacity !== 0.25)"),
+    ("smoothing back to 0.600", "slider:ArrowLeft", "gd => gd.data.length > 0"),
+]
+
+
+def server_side(run_ids: list[str]) -> tuple[float, list[tuple[str, float]]]:
+    """First view and each action under AppTest (the same Python the server runs)."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900)
+    at.query_params["run"] = run_ids
+    at.query_params["tags"] = f"^{TAG}$"
+    t0 = time.perf_counter()
+    at.run()
+    at.switch_page("workbench/app/pages/curves.py").run()
+    first = time.perf_counter() - t0
+    assert not at.exception, [e.message for e in at.exception]
+    steps = {
+        "smoothing 0.600 -> 0.601": lambda: at.slider(key="curves_smoothing").set_value(0.601),
+        "log y on": lambda: at.checkbox(key="curves_log").check(),
+        "x = relative time": lambda: at.radio(key="curves_x").set_value("relative time"),
+        "x = wall time": lambda: at.radio(key="curves_x").set_value("wall time"),
+        "x = step (seen before)": lambda: at.radio(key="curves_x").set_value("step"),
+        "raw line off": lambda: at.checkbox(key="curves_raw").uncheck(),
+        "smoothing back to 0.600": lambda: at.slider(key="curves_smoothing").set_value(0.6),
+    }
+    out = []
+    for name, _, _ in ACTIONS:
+        t0 = time.perf_counter()
+        steps[name]().run()
+        out.append((name, time.perf_counter() - t0))
+        assert not at.exception, [e.message for e in at.exception]
+    return first, out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+HOOK = """() => {
+  const hook = gd => { if (gd.__timed || !gd.on) return; gd.__timed = true;
+    gd.on('plotly_afterplot', () => { window.__lastPlot = performance.now(); }); };
+  document.querySelectorAll('.js-plotly-plot').forEach(hook);
+  if (!window.__observer) {
+    window.__observer = new MutationObserver(() => document.querySelectorAll('.js-plotly-plot').forEach(hook));
+    window.__observer.observe(document.body, {childList: true, subtree: true});
+  }
+}"""
+STATE = """([t0, check]) => {
+  const gd = document.querySelector('.js-plotly-plot');
+  let ok = false;
+  try { ok = !!gd && !!gd.layout && eval(check)(gd); } catch (e) {}
+  return [document.querySelector('[data-testid=stApp]')?.getAttribute('data-test-script-state'),
+          window.__lastPlot || 0, performance.now(), ok];
+}"""
+
+
+def settle(page, t0: float, check: str, quiet_ms: float = 1200, timeout_s: float = 300) -> float:
+    """Seconds from t0 until the script stopped, the change shows and the last draw after t0
+    has had `quiet_ms` without another."""
+    page.evaluate(HOOK)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        state, last, now, ok = page.evaluate(STATE, [t0, check])
+        if state == "notRunning" and ok and last > t0 and now - last > quiet_ms:
+            return (last - t0) / 1000
+        time.sleep(0.05)
+    raise TimeoutError(f"the page did not settle within {timeout_s} s")
+
+
+def browser_side(store: Store, run_ids: list[str]) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(ROOT / "app.py"),
+            "--server.headless",
+            "true",
+            "--server.address",
+            "127.0.0.1",
+            "--server.port",
+            str(port),
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+        ],  # fmt: skip
+        cwd=ROOT,
+        env={**os.environ, "WORKBENCH_STORE": str(store.root)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    url = f"{base}/curves?" + urllib.parse.urlencode([("run", r) for r in run_ids] + [("tags", f"^{TAG}$")])
+    out: dict = {"actions": []}
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if urllib.request.urlopen(base + "/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                time.sleep(0.5)
+        all_lines = f"gd => gd.data.filter(t => (t.name || '').startsWith('run_')).length === {len(run_ids)}"
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM)
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            page.goto(base + "/")  # load Streamlit and plotly's bundle once, as a user already in the app
+            page.wait_for_selector(
+                '[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=120_000
+            )
+            page.goto(url)
+            page.evaluate("() => { window.__lastPlot = 0; }")
+            out["first_view_cold"] = settle(page, 0.0, all_lines)  # the server reads every point here
+            page.reload()
+            out["first_view_warm"] = settle(page, 0.0, all_lines)
+            for name, how, check in ACTIONS:
+                kind, arg = how.split(":")
+                t0 = page.evaluate("performance.now()")
+                if kind == "slider":
+                    page.get_by_role("slider").first.focus()
+                    page.keyboard.press(arg)
+                else:  # a radio option or a checkbox, by its label
+                    page.locator("label").filter(has_text=re.compile(f"^{arg}$")).first.click()
+                out["actions"].append((name, settle(page, t0, check)))
+            page.screenshot(path=str(ROOT / "test-artifacts" / "curves_page_10x1M.png"))
+            figures = page.evaluate(
+                "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map("
+                "gd => JSON.stringify({data: gd.data, layout: gd.layout}))"
+            )
+            out["bare_plotly"] = bare_plotly(browser, figures)
+            out["message_bytes"] = sum(len(f) for f in figures)
+            browser.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    return out
+
+
+def bare_plotly(browser, figures: list[str]) -> float:
+    """The peer: the same figures drawn by plotly.js in an empty page (react after a first plot,
+    as on a control change), best of 3."""
+    import plotly
+
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    page.set_content("<div id=g></div>")
+    page.add_script_tag(path=str(Path(plotly.__file__).parent / "package_data" / "plotly.min.js"))
+    times = page.evaluate(
+        """async figs => { const out = [];
+          for (let i = 0; i < 4; i++) { const t0 = performance.now();
+            for (const [j, f] of figs.entries()) { let g = document.getElementById('g' + j);
+              if (!g) { g = document.createElement('div'); g.id = 'g' + j; document.body.appendChild(g); }
+              const F = JSON.parse(f); await Plotly.react(g, F.data, F.layout); }
+            out.push(performance.now() - t0); }
+          return out; }""",
+        figures,
+    )
+    page.close()
+    return min(times[1:]) / 1000
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--store", type=Path, help="reuse (or create) the synthetic store here")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp())
-    store = build(tmp / "store", args.runs, args.steps)
+    tmp = None
+    if args.store and (args.store / "CURRENT").exists():
+        store = Store(args.store)
+    else:
+        tmp = None if args.store else Path(tempfile.mkdtemp())
+        store = build(args.store or tmp / "store", args.runs, args.steps)
     os.environ["WORKBENCH_STORE"] = str(store.root)
-    from streamlit.testing.v1 import AppTest
+    run_ids = [f"run_{i:02d}" for i in range(args.runs)]
+    (ROOT / "test-artifacts").mkdir(exist_ok=True)
+    first, server = server_side(run_ids)
+    browser = browser_side(store, run_ids) if os.path.exists(CHROMIUM) else None
+    if tmp:
+        shutil.rmtree(tmp)
 
-    runs = [f"run_{i:02d}" for i in range(args.runs)]
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
-    at.switch_page("workbench/app/pages/curves.py").run()
-    t0 = time.perf_counter()
-    at.multiselect(key="curves_runs").set_value(runs).run()
-    cold = time.perf_counter() - t0
-    assert not at.exception, at.exception
-    warm = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        at.run()
-        warm.append(time.perf_counter() - t0)
-    assert not at.exception and at.get("plotly_chart")
-
-    import plotly.express as px
-
-    t0 = time.perf_counter()
-    df = store.connect().sql("SELECT run_id, step, value FROM scalars").pl()
-    fig = px.line(df.to_pandas(), x="step", y="value", color="run_id")
-    fig.to_json()
-    naive = time.perf_counter() - t0
-    shutil.rmtree(tmp)
     total = args.runs * args.steps
-    print(f"{args.runs} runs x {args.steps:,} points = {total:,} points on the Curves page")
-    print(f"workbench page, cold cache : {cold:6.2f}s (reads every point, smooths, downsamples)")
-    print(f"workbench page, warm cache : {min(warm):6.2f}s (best of 3; target < 1 s)")
+    print(f"Curves page, {args.runs} runs x {args.steps:,} points = {total:,} points, one chart per tag")
+    print(f"{'':28} {'server':>8} {'browser':>8}")
+    b = dict(browser["actions"]) if browser else {}
     print(
-        f"plotly express, all points : {naive:6.2f}s (no downsampling; the browser then draws {total:,} points)"
+        f"{'first view (cold caches)':28} {first:7.2f}s {browser['first_view_cold'] if browser else float('nan'):7.2f}s"
     )
-    print(f"ratio naive / warm page    = {naive / min(warm):.0f}x")
+    if browser:
+        print(f"{'reload (warm server)':28} {'':8} {browser['first_view_warm']:7.2f}s")
+    for name, secs in server:
+        print(f"{name:28} {secs:7.2f}s {b.get(name, float('nan')):7.2f}s")
+    if browser:
+        worst = max(b.values())
+        peer = browser["bare_plotly"]
+        print(
+            f"bare plotly.js drawing the same figures (peer): {peer:.2f}s; "
+            f"slowest control change / peer = {worst / peer:.1f}x; "
+            f"figure JSON on the page {browser['message_bytes'] / 1e6:.2f} MB"
+        )
+        print(f"targets: every control change < 1.5 s (slowest {worst:.2f}s), first view < 3 s")
+        print(json.dumps({"server": dict(server), **browser}, default=float))
+    else:
+        print(f"(no browser side: {CHROMIUM} is missing)")
 
 
 if __name__ == "__main__":

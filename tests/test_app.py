@@ -1,4 +1,6 @@
-"""Every page under Streamlit's AppTest, on a store built from sample_runs/ (and empty states)."""
+"""Every page under Streamlit's AppTest, on a store built from sample_runs/ (and empty states):
+what a user sets is what the URL says, x axes in wall time for runs whose current points carry
+none, markers on each chart's own curve, backtest verdicts judged as the backtest judges."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ingest_paths
+from conftest import ingest_paths, q
 from streamlit.testing.v1 import AppTest
 
 from workbench.store import Store
@@ -19,8 +21,11 @@ APP = str(ROOT / "app.py")
 
 @pytest.fixture(scope="module")
 def sample_store(tmp_path_factory):
+    from detectors.replay import replay
+
     store = Store(tmp_path_factory.mktemp("app") / "store")
     ingest_paths(store, ROOT / "sample_runs")
+    replay(store, None, None)
     return store
 
 
@@ -28,8 +33,11 @@ def sample_store(tmp_path_factory):
 def app(sample_store, monkeypatch):
     monkeypatch.setenv("WORKBENCH_STORE", str(sample_store.root))
 
-    def open_page(page: str | None = None) -> AppTest:
-        at = AppTest.from_file(APP, default_timeout=60).run()
+    def open_page(page: str | None = None, **params) -> AppTest:
+        at = AppTest.from_file(APP, default_timeout=120)
+        for k, v in params.items():
+            at.query_params[k] = v
+        at.run()
         if page:
             at.switch_page(f"workbench/app/pages/{page}.py").run()
         assert not at.exception, [e.message for e in at.exception]
@@ -38,94 +46,246 @@ def app(sample_store, monkeypatch):
     return open_page
 
 
-def figure(at, i=0) -> dict:
-    return json.loads(at.get("plotly_chart")[i].proto.spec)
+def figures(at) -> dict[str, dict]:
+    """Charts by title (the tag, before any metric in brackets)."""
+    out = {}
+    for chart in at.get("plotly_chart"):
+        fig = json.loads(chart.proto.spec)
+        out[(fig["layout"].get("title", {}).get("text") or "").split("  (")[0]] = fig
+    return out
 
 
 def values(arr) -> np.ndarray:
     """Plotly >= 6 sends arrays as base64 blocks."""
     if isinstance(arr, dict):
-        return np.frombuffer(base64.b64decode(arr["bdata"]), dtype=np.dtype(arr["dtype"]))
+        return np.frombuffer(base64.b64decode(arr["bdata"]), dtype=np.dtype(arr["dtype"])).astype(float)
     return np.asarray(arr, dtype=float)
 
 
-def test_runs_page_lists_and_filters(app):
+def line(fig: dict, name: str) -> dict:
+    return next(t for t in fig["data"] if t.get("name") == name and t.get("mode") == "lines")
+
+
+def test_runs_page_filters_config_and_opens_curves(app, sample_store):
     at = app()
     df = at.dataframe[0].value
-    assert len(df) == 26 and {"status", "label", "alerts", "last_loss"} <= set(df.columns)
+    assert len(df) == q(sample_store, "SELECT count(*) n FROM runs")["n"][0]
+    assert {"status", "label", "alerts", "last_loss"} <= set(df.columns)
     at.text_input(key="runs_pattern").input("^healthy").run()
-    assert sorted(at.dataframe[0].value["run_id"]) == [
-        "healthy_deepspeed_fp16",
-        "healthy_hf_trainer",
-        "healthy_memory_budget",
-        "healthy_moe_top1",
-        "healthy_moe_top2",
-        "healthy_seed0",
-        "healthy_seed1_wide",
-    ]
+    healthy = q(sample_store, "SELECT run_id FROM runs WHERE run_id LIKE 'healthy%' ORDER BY 1")["run_id"]
+    assert sorted(at.dataframe[0].value["run_id"]) == healthy.to_list()
+    assert at.query_params["q"] == "^healthy"  # the filter is in the URL
     at.text_input(key="runs_pattern").input("([").run()
     assert not at.exception and at.warning
     at.text_input(key="runs_pattern").input("").run()
     at.multiselect(key="runs_label").set_value(["failed"]).run()
-    assert len(at.dataframe[0].value) == 13
+    assert (
+        len(at.dataframe[0].value)
+        == q(sample_store, "SELECT count(*) n FROM labels WHERE outcome = 'failed'")["n"][0]
+    )
+    # the config table: one column per key that differs between the runs shown
+    at.multiselect(key="runs_label").set_value([]).run()  # none picked: all
+    config = at.dataframe[1].value
+    assert "results.all.train_loss" in config.columns
+    assert all(config[c].dropna().nunique() > 1 for c in config.columns)
+    at.toggle(key="runs_all_keys").set_value(True).run()
+    assert "ds_config.fp16.enabled" in at.dataframe[1].value.columns  # the same in every run that has it
+    assert at.get("plotly_chart")  # config against the outcome
 
 
-def test_curves_page_smoothing_log_tags(app):
-    at = app("curves")
-    at.multiselect(key="curves_runs").set_value(["diverge_nan", "healthy_seed0"]).run()
-    fig = figure(at)
-    names = [t.get("name") for t in fig["data"]]
-    assert "diverge_nan" in names and "healthy_seed0" in names and "diverge_nan NaN/Inf" in names
-    smoothed = [t for t in fig["data"] if t.get("name") == "healthy_seed0" and t["line"]["width"] == 2][0]
+def test_runs_selection_from_the_url_opens_curves(app):
+    at = app(run=["diverge_nan", "healthy_seed0"])
+    at.button(key="runs_open_curves").click().run()
+    assert not at.exception and at.title[0].value == "Curves"
+    assert at.multiselect(key="curves_runs").value == ["diverge_nan", "healthy_seed0"]
+    assert at.query_params["run"] == ["diverge_nan", "healthy_seed0"]
+    names = {t.get("name") for f in figures(at).values() for t in f["data"]}
+    assert {"diverge_nan", "healthy_seed0"} <= names
+
+
+def test_curves_view_comes_from_the_url_and_goes_back_to_it(app):
+    at = app(
+        "curves",
+        run=["healthy_seed0", "diverge_nan"],
+        tags="^train/(loss|grad_norm)$",
+        smooth="0.9",
+        x="relative time",
+        logy="1",
+    )
+    assert sorted(at.multiselect(key="curves_runs").value) == ["diverge_nan", "healthy_seed0"]
+    assert (
+        at.slider(key="curves_smoothing").value == 0.9 and at.radio(key="curves_x").value == "relative time"
+    )
+    figs = figures(at)
+    assert sorted(figs) == ["train/grad_norm", "train/loss"]  # one chart per matching tag
+    assert figs["train/loss"]["layout"]["yaxis"]["type"] == "log"
+    assert figs["train/loss"]["layout"]["xaxis"]["title"]["text"].startswith("relative time")
+    at.checkbox(key="curves_log").uncheck().run()
+    at.radio(key="curves_x").set_value("step").run()
+    assert "logy" not in at.query_params and "x" not in at.query_params  # defaults stay out of the URL
+    assert at.query_params["smooth"] == "0.9" and at.query_params["tags"] == "^train/(loss|grad_norm)$"
+    smoothed = values(line(figures(at)["train/loss"], "healthy_seed0")["y"])
     at.slider(key="curves_smoothing").set_value(0.0).run()
-    raw = [t for t in figure(at)["data"] if t.get("name") == "healthy_seed0" and t["line"]["width"] == 2][0]
-    assert not np.allclose(values(smoothed["y"]), values(raw["y"]))
-    at.checkbox(key="curves_log").check().run()
-    assert figure(at)["layout"]["yaxis"]["type"] == "log"
-    at.multiselect(key="curves_tags").set_value(["train/loss", "train/grad_norm"]).run()
-    assert [a["text"] for a in figure(at)["layout"]["annotations"]] == ["train/loss", "train/grad_norm"]
+    raw = values(line(figures(at)["train/loss"], "healthy_seed0")["y"])
+    assert not np.allclose(smoothed[: len(raw)], raw[: len(smoothed)])
     at.button(key="curves_export").click().run()
     assert len(at.get("download_button")) == 2
 
 
-def test_curves_show_stored_alerts_and_events(app, sample_store):
-    from detectors.replay import replay
-
-    replay(sample_store, None, None)
-    at = app("curves")
-    at.multiselect(key="curves_runs").set_value(["fp16_overflow_storm", "attention_collapse"]).run()
-    names = [t.get("name") for t in figure(at)["data"]]
-    assert any(n.startswith("alert P1_attention_collapse") for n in names if n)
-    assert "overflow" in names and "min_loss_scale" in names
-
-
-def test_backtest_page_runs_scores_and_drilldown(app):
-    at = app("backtest")
-    assert any("Run backtest" in i.value for i in at.info)
-    at.button(key="bt_run").click().run()
-    assert not at.exception
-    scores = at.dataframe[0].value
-    assert "guides_P1" in set(scores["rule"]) and "recall" in scores.columns
-    assert len(at.get("plotly_chart")) == 1  # the sweep chart
-    at.button(key="bt_replay").click().run()
-    assert "alerts from" in at.caption[0].value
-    at.selectbox(key="bt_rule").set_value("P1_attention_collapse").run()
-    verdicts = dict(zip(at.dataframe[-1].value["run_id"], at.dataframe[-1].value["verdict"], strict=True))
-    assert (
-        verdicts["attention_collapse"] == "fired"
-        and verdicts["diverge_nan"] == "missed"
-        and verdicts["healthy_seed0"] == "quiet"
+def test_wall_time_comes_from_another_source_of_the_same_step(app, sample_store):
+    # attention_collapse: its current points come from JSONL (no wall times); TensorBoard logged
+    # the same steps with times. keras_csvlogger_appended: no source has a time at all.
+    at = app(
+        "curves",
+        run=["attention_collapse", "keras_csvlogger_appended", "healthy_seed1_wide"],
+        tags="^train/loss$|^loss$",
+        x="wall time",
+        smooth="0",
     )
+    fig = figures(at)["train/loss"]
+    assert fig["layout"]["xaxis"]["type"] == "date"
+    tb = q(
+        sample_store,
+        "SELECT step, wall_time FROM scalars_all WHERE run_id = 'attention_collapse' AND tag = 'train/loss' "
+        "AND source = 'tensorboard' ORDER BY step",
+    )
+    x = values(line(fig, "attention_collapse")["x"])
+    offset = x[0] - tb["wall_time"][0] * 1000  # the local-time shift, the same for every point
+    assert len(x) == tb.height and np.allclose(x - offset, tb["wall_time"].to_numpy() * 1000, atol=1)
+    own = q(
+        sample_store,
+        "SELECT wall_time FROM scalars WHERE run_id = 'healthy_seed1_wide' AND tag = 'train/loss' ORDER BY step",
+    )
+    assert np.allclose(
+        values(line(fig, "healthy_seed1_wide")["x"]) - offset, own["wall_time"].to_numpy() * 1000, atol=1
+    )
+    assert "keras_csvlogger_appended" in at.warning[0].value  # named, not drawn by step under a time title
+    assert "take their wall time from another source" in at.caption[-1].value
+    at.radio(key="curves_x").set_value("relative time").run()
+    fig = figures(at)["train/loss"]
+    rel = values(line(fig, "attention_collapse")["x"])
+    assert fig["layout"]["xaxis"]["title"]["text"] == "relative time (s)"
+    assert rel.min() >= 0 and np.all(np.diff(rel) >= 0) and rel.max() > 1
 
 
-def test_lineage_page_graph_and_stitched_curve(app):
-    at = app("lineage")
-    edges = at.dataframe[0].value
-    assert set(edges["kind"]) == {"recovery", "resume"}
-    stitched = figure(at, 1)
-    assert sorted(t["name"] for t in stitched["data"]) == [
-        "attention_collapse · loss",
-        "attention_collapse_recovery · loss",
+def test_replaced_points_are_resumes_only(app, sample_store):
+    at = app("curves", run=["resumed_after_kill", "attention_collapse"], tags="^train/loss$", replaced="1")
+    fig = figures(at)["train/loss"]
+    replaced = next(t for t in fig["data"] if t.get("name") == "replaced by a resume")
+    resumed = q(
+        sample_store,
+        "SELECT count(*) n FROM scalars_all WHERE run_id = 'resumed_after_kill' AND tag = 'train/loss' AND superseded",
+    )["n"][0]
+    duplicates = q(
+        sample_store,
+        "SELECT count(*) n FROM scalars_all WHERE run_id = 'attention_collapse' AND tag = 'train/loss' AND superseded",
+    )["n"][0]
+    assert (
+        len(values(replaced["x"])) == resumed > 0
+    )  # attention_collapse's TensorBoard copies are not among them
+    caption = at.caption[-1].value
+    assert f"{resumed:,} points replaced by a resume" in caption
+    assert f"{duplicates:,} points are the same step logged by another source" in caption
+
+
+def test_markers_sit_on_their_own_charts_curve(app):
+    at = app("curves", run=["attention_collapse"], tags="^train/(loss|grad_norm)$", smooth="0")
+    for tag, fig in figures(at).items():
+        curve = line(fig, "attention_collapse")
+        x, y = values(curve["x"]), values(curve["y"])
+        alerts = next(t for t in fig["data"] if t.get("name") == "alert")
+        for ax, ay in zip(alerts["x"], alerts["y"], strict=True):
+            assert ay == pytest.approx(np.interp(ax, x, y), rel=1e-4), (
+                tag
+            )  # on this chart's curve, not the loss
+    grad = next(t for t in figures(at)["train/grad_norm"]["data"] if t.get("name") == "alert")
+    loss = next(t for t in figures(at)["train/loss"]["data"] if t.get("name") == "alert")
+    assert grad["x"] == loss["x"] and max(grad["y"]) < min(loss["y"])
+
+
+def test_samples_series_is_drawn_in_steps_with_its_events(app):
+    # deepspeed_default_log_level has no train_batch_size: its monitor logs x in samples (32 a
+    # step), which ingest puts on optimizer steps (micro batch x gradient accumulation)
+    run = "deepspeed_default_log_level"
+    at = app("curves", run=[run], tags="^Train/Samples/lr$|^train/lr$")
+    figs = figures(at)
+    samples = values(line(figs["Train/Samples/lr"], run)["x"])
+    steps = values(line(figs["train/lr"], run)["x"])
+    assert samples.max() == steps.max() == 400 and samples.min() == steps.min() == 1  # 12800 samples / 32
+    assert figs["Train/Samples/lr"]["layout"]["xaxis"]["title"]["text"] == "step"
+
+
+def test_groups_by_name_pattern_draw_mean_and_band(app):
+    at = app(
+        "curves",
+        run=["healthy_seed0", "healthy_seed1_wide", "diverge_nan"],
+        tags="^train/loss$",
+        group="name",
+        by="^(healthy)",
+    )
+    fig = figures(at)["train/loss"]
+    names = [t.get("name") for t in fig["data"] if t.get("mode") == "lines"]
+    assert names == ["diverge_nan (1 run)", "healthy (2 runs)"]
+    assert sum(t.get("fill") == "toself" for t in fig["data"]) == 2
+
+
+def test_live_refresh_toggle(app):
+    at = app("curves", run=["healthy_seed0"], live="1")
+    assert any(c.value.startswith("Live: store generation") for c in at.caption)
+
+
+def test_backtest_page_scores_in_percent_and_judges_by_onset(app):
+    at = app("backtest")  # results on arrival, as `workbench backtest` prints them
+    scores = at.dataframe[0].value
+    assert list(scores.columns[:3]) == ["rule", "params", "recall"]
+    p1 = scores[scores["rule"] == "P1_attention_collapse"].iloc[0]
+    assert 1 < p1["recall"] <= 100  # a percentage, as the CLI prints it (P1 detects attention_collapse)
+    assert len(at.get("plotly_chart")) == 1  # the sweep chart
+    at.selectbox(key="bt_rule").set_value("P1_attention_collapse").run()
+    table = at.dataframe(key="bt_runs_table").value
+    verdict = dict(zip(table["run_id"], table["verdict"], strict=True))
+    assert verdict["attention_collapse"] == "detected" and verdict["diverge_nan"] == "missed"
+    assert verdict["healthy_seed0"] == "quiet"
+    lead = table[table["run_id"] == "attention_collapse"]["lead"].iloc[0]
+    assert (
+        lead == table[table["run_id"] == "attention_collapse"]["onset"].iloc[0] - 214
+    )  # onset − first alarm
+    at.number_input(key="bt_horizon").set_value(0).run()
+    at.number_input(key="bt_lead").set_value(0).run()
+    at.button(key="bt_run").click().run()
+    table = at.dataframe(key="bt_runs_table").value
+    assert dict(zip(table["run_id"], table["verdict"], strict=True))["attention_collapse"] != "detected"
+    at.button(key="bt_open_curves").click().run()
+    assert at.title[0].value == "Curves" and not at.exception
+    names = {t.get("name") for f in figures(at).values() for t in f["data"]}
+    assert "alert" in names
+
+
+def test_backtest_rule_errors_name_the_rule_text(app):
+    at = app("backtest")
+    at.radio(key="bt_source").set_value("my rules (TOML)").run()
+    at.text_area(key="bt_rules_text").input('[[rule]]\nid = "x"\nwhen = "loss >"').run()
+    at.button(key="bt_run").click().run()
+    message = at.error[0].value
+    assert message.startswith("the rule text: rule #1 (x)") and "/tmp" not in message
+
+
+def test_lineage_page_resumes_and_stitched_curve(app):
+    at = app("lineage", run="resumed_after_kill")
+    assert set(at.dataframe[0].value["kind"]) == {"recovery", "resume"}
+    graph, stitched = (json.loads(c.proto.spec) for c in at.get("plotly_chart"))
+    texts = [x for t in graph["data"] for x in (t.get("text") or []) if isinstance(x, str)]
+    assert "resumed_after_kill · segment 0" in texts and "resume @ 200" in texts
+    assert {t.get("name") for t in graph["data"]} >= {"unknown", "recovered"}  # the status legend
+    assert [a["text"] for a in stitched["layout"]["annotations"]] == ["resumed_after_kill resumed @ 200"]
+    at.selectbox(key="lineage_run").set_value("attention_collapse_recovery").run()
+    stitched = json.loads(at.get("plotly_chart")[1].proto.spec)
+    assert sorted(t["name"] for t in stitched["data"] if t.get("mode") == "lines") == [
+        "attention_collapse",
+        "attention_collapse_recovery",
+    ]
+    assert [a["text"] for a in stitched["layout"]["annotations"]] == [
+        "continued by attention_collapse_recovery"
     ]
 
 
@@ -145,7 +305,14 @@ def test_store_without_labels_alerts_or_lineage_shows_empty_states(tmp_path, mon
     store = Store(tmp_path / "s")
     ingest_paths(store, tmp_path / "runs")
     monkeypatch.setenv("WORKBENCH_STORE", str(store.root))
-    for page, text in (("backtest", "No labelled runs"), ("lineage", "No lineage")):
+    for page, text in (
+        ("backtest", "No labelled runs"),
+        ("lineage", "No lineage"),
+        ("runs", "logged a config"),
+    ):
         at = AppTest.from_file(APP, default_timeout=60).run()
         at.switch_page(f"workbench/app/pages/{page}.py").run()
         assert not at.exception and text in at.info[0].value
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    at.switch_page("workbench/app/pages/curves.py").run()
+    assert not at.exception and figures(at)["loss"]  # a store without alerts still draws

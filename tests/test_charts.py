@@ -1,7 +1,9 @@
-"""Pure chart functions: TensorBoard-identical smoothing, spike-preserving downsampling, colours, traces."""
+"""Pure chart functions: TensorBoard-identical smoothing, spike-preserving downsampling, colours
+that stay apart, group bands, and what each figure puts where."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -43,7 +45,7 @@ def test_smoothing_matches_tensorboard(values, weight):
         assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-9, abs=1e-9)
 
 
-def test_smoothing_fixed_values():
+def test_smoothing_fixed_values_and_long_series():
     assert charts.tb_smooth(np.array([1.0, 2.0, 3.0]), 0.5).tolist() == pytest.approx([1.0, 5 / 3, 17 / 7])
     assert charts.tb_smooth(np.array([4.0, 4.0, 4.0]), 0.9).tolist() == [
         4.0,
@@ -52,6 +54,13 @@ def test_smoothing_fixed_values():
     ]  # constant: unsmoothed
     out = charts.tb_smooth(np.array([1.0, math.nan, 3.0]), 0.5)
     assert out[0] == 1.0 and math.isnan(out[1]) and out[2] == pytest.approx(7 / 3)  # NaN does not advance
+    # past where weight**n vanishes the debiasing stops; the values still match the reference
+    values = list(np.random.default_rng(1).normal(size=60_000))
+    ref = tensorboard_smoothing(values, 0.999)
+    ours = charts.tb_smooth(np.array(values), 0.999)
+    assert ours[[0, 999, 41_000, 59_999]] == pytest.approx(
+        [ref[i] for i in (0, 999, 41_000, 59_999)], rel=1e-9
+    )
 
 
 def test_downsampling_keeps_spikes_nans_and_order():
@@ -67,48 +76,135 @@ def test_downsampling_keeps_spikes_nans_and_order():
         123_457 in dx and 700_001 in dx and np.isnan(dy[dx == 10]).all() and np.isnan(dy[dx == 999_999]).all()
     )
     assert dy[np.isfinite(dy)].max() == 1e6 and dy[np.isfinite(dy)].min() == -1e6
+    assert dx[0] == 0 and dx[-1] == 999_999  # the line reaches both ends
     small = np.arange(100.0)
-    assert charts.downsample(small, small, 2000)[0] is small
+    assert charts.downsample(small, small, 2000)[0].tolist() == small.tolist()
 
 
-def test_run_colours_are_stable_whatever_the_selection():
-    a = [charts.run_color(r) for r in ["exp1", "exp2", "exp3"]]
-    b = [charts.run_color(r) for r in ["exp3", "exp2", "exp1"]][::-1]
-    assert a == b and charts.run_color("exp1") == charts.run_color("exp1")
+@settings(deadline=None, max_examples=100)
+@given(n=st.integers(1, 5000), buckets=st.integers(1, 300), seed=st.integers(0, 10))
+def test_every_bucket_keeps_its_extremes(n, buckets, seed):
+    y = np.random.default_rng(seed).normal(size=n)
+    keep = charts.keep_index(y, buckets)
+    assert np.all(np.diff(keep) > 0) and keep[0] == 0 and keep[-1] == n - 1
+    width = -(-n // buckets)
+    for start in range(0, n, width) if n > 4 * buckets else ():
+        part = y[start : start + width]
+        assert start + int(part.argmin()) in keep and start + int(part.argmax()) in keep
 
 
-def test_curves_figure_traces_colours_alerts_log():
-    s = [
-        {"run_id": "a", "tag": "loss", "x": np.arange(10), "y": np.r_[np.linspace(3, 1, 9), np.nan]},
-        {"run_id": "b", "tag": "loss", "x": np.arange(10), "y": np.linspace(3, 2, 10)},
-    ]
+def _lab(hex_colour: str) -> np.ndarray:
+    rgb = np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)]) / 255
+    lin = np.where(rgb > 0.04045, ((rgb + 0.055) / 1.055) ** 2.4, rgb / 12.92)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ lin
+    f = np.cbrt(xyz / [0.95047, 1, 1.08883])
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_run_colours_by_position_and_distinguishable_at_20():
+    runs = [f"run{i}" for i in range(20)]
+    styles = charts.line_styles(runs)
+    colours = [styles[r][0] for r in runs]
+    assert len(set(colours)) == 20
+    closest = min(np.linalg.norm(_lab(a) - _lab(b)) for a, b in itertools.combinations(colours, 2))
+    assert closest > 25  # CIELAB ΔE76: clearly different side by side
+    # the two runs that shared a colour under the old hash: apart by position
+    pair = charts.line_styles(["diverge_nan", "fp16_overflow_storm"])
+    assert pair["diverge_nan"] != pair["fp16_overflow_storm"]
+    assert charts.line_styles(runs) == styles  # stable while the selection is
+    more = charts.line_styles([f"r{i}" for i in range(25)])
+    assert more["r20"][0] == more["r0"][0] and more["r20"][1] != more["r0"][1]  # past 20: another dash
+
+
+def test_band_is_mean_and_min_max_per_bucket():
+    x = np.arange(10.0)
+    a, b = np.zeros(10), np.r_[np.full(9, 2.0), 10.0]
+    band = charts.band([x, x], [a, b], buckets=10)
+    assert band["mean"].tolist() == [1.0] * 9 + [5.0]
+    assert band["lo"].tolist() == [0.0] * 10 and band["hi"].tolist() == [2.0] * 9 + [10.0]
+    shorter = charts.band([x, x[:5]], [a, b[:5]], buckets=10)  # a run that stopped early leaves the mean
+    assert shorter["mean"].tolist()[5:] == [0.0] * 5
+    assert charts.band([x], [np.full(10, np.nan)]) is None
+
+
+def test_time_unit_keeps_numbers_readable():
+    assert charts.time_unit(90) == ("s", 1)
+    assert charts.time_unit(3000) == ("min", 60)
+    assert charts.time_unit(20 * 3600) == ("h", 3600)
+    assert charts.time_unit(30 * 86400) == ("days", 86400)
+
+
+def _line(name, x, y, smoothing=0.6, **kw):
+    return {
+        **charts.prepare_curve(np.asarray(x), np.asarray(y, float), smoothing),
+        "name": name,
+        "color": "#000000",
+        **kw,
+    }
+
+
+def test_curve_figure_markers_legend_and_axes():
+    y = np.r_[np.geomspace(1000, 0.1, 99), np.inf]
+    lines = [_line("a", np.arange(100), y), _line("b", np.arange(100), np.geomspace(500, 0.5, 100))]
     alerts = [
         {
-            "run_id": "a",
-            "rule": "nan",
-            "tag": "",
-            "x_start": 9,
-            "x_fired": 9,
-            "x_end": 9,
-            "y": 1.0,
-            "message": "nan: loss=nan",
+            "x": 50,
+            "y": 3.2,
+            "x0": 45,
+            "x1": 60,
+            "color": "#111111",
+            "run": "a",
+            "rule": "spike",
+            "message": "m",
         }
     ]
-    fig = charts.curves_figure(s, smoothing=0.6, alerts=alerts, log_y=True)
-    names = [t.name for t in fig.data]
-    assert names.count("a") == 2 and names.count("b") == 2  # faint raw + smoothed per run
-    assert {t.line.color for t in fig.data if t.name == "a"} == {charts.run_color("a")}
-    assert "a NaN/Inf" in names and "alert nan" in names
-    alert = next(t for t in fig.data if t.name == "alert nan")
-    assert alert.text == ("nan: loss=nan",) and len(fig.layout.shapes) == 1
-    assert fig.layout.yaxis.type == "log"
-    two = charts.curves_figure(
-        [*s, {"run_id": "a", "tag": "lr", "x": np.arange(3), "y": np.ones(3)}], smoothing=0.0
-    )
-    assert [a.text for a in two.layout.annotations] == ["loss", "lr"]  # one subplot per tag
+    events = [{"x": 10, "y": 7.0, "kind": "overflow", "run": "b", "color": "#222222", "message": "OVERFLOW"}]
+    fig = charts.curve_figure("loss", lines, log_y=True, alerts=alerts, events=events, ignore_outliers=False)
+    by_name = {t.name: t for t in fig.data if t.name}
+    assert {"a", "b", "NaN/Inf", "alert", "overflow"} <= set(by_name)
+    nan = by_name["NaN/Inf"]
+    assert nan.showlegend and nan.cliponaxis is False and list(nan.x) == [99]
+    assert nan.y[0] == pytest.approx(1000)  # pinned to the top of the drawn values, not clipped off
+    assert list(by_name["alert"].y) == [3.2] and list(by_name["overflow"].y) == [7.0]
+    assert len(fig.layout.shapes) == 1  # the alert's interval
+    assert (
+        fig.layout.legend.y >= 1 and fig.layout.legend.yanchor == "bottom"
+    )  # above the plot, clear of the x title
+    assert fig.layout.hovermode == "x unified"
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.dtick == 1  # decades only across 4 decades
+    assert [t.showlegend for t in fig.data if t.name in ("a", "b")] == [
+        False,
+        False,
+    ]  # runs: the page's colour key
+    short = charts.curve_figure("lr", [_line("a", np.arange(20), np.linspace(2, 3, 20))], log_y=True)
+    assert short.layout.yaxis.dtick == "D2"  # within a decade: 2 and 5 only
 
 
-def test_sweep_and_lineage_figures():
+def test_outlier_range_ignores_spikes():
+    v = np.r_[np.linspace(1, 2, 1000), 1e6]
+    lo, hi = charts.outlier_range(v)
+    assert 0.9 < lo < 1.1 and 1.9 < hi < 2.2
+    fig = charts.curve_figure("loss", [_line("a", np.arange(1001), v, smoothing=0.0)])
+    assert fig.layout.yaxis.range == pytest.approx((lo, hi))
+
+
+def test_group_band_and_vlines():
+    x = np.arange(10.0)
+    band = charts.band([x, x], [np.zeros(10), np.ones(10)], buckets=5)
+    line = {
+        "name": "g (2 runs)",
+        "color": "#123456",
+        "smooth_x": band["x"],
+        "smooth_y": band["mean"],
+        "band": band,
+    }
+    fig = charts.curve_figure("loss", [line], vlines=[(4.0, "a resumed @ 4")])
+    fill = [t for t in fig.data if t.fill == "toself"]
+    assert len(fill) == 1 and fig.layout.shapes[0].x0 == 4.0
+    assert fig.layout.annotations[0].text == "a resumed @ 4"
+
+
+def test_sweep_lineage_and_parallel_figures():
     rows = [
         {"rule": "s", "params": "k=3", "recall": 0.5, "false_alarms_per_1k": 2.0},
         {"rule": "s", "params": "k=5", "recall": 0.4, "false_alarms_per_1k": 0.1},
@@ -118,12 +214,35 @@ def test_sweep_and_lineage_figures():
     assert [t.name for t in fig.data] == ["s"] and list(fig.data[0].x) == [0.1, 2.0]
     edges = [
         {"child_run": "b", "parent_run": "a", "parent_step": 100, "kind": "recovery", "evidence": "meta"},
-        {"child_run": "a", "parent_run": "a", "parent_step": 50, "kind": "resume", "evidence": "seg"},
+        {
+            "child_run": "a",
+            "parent_run": "a",
+            "child_segment": 1,
+            "parent_step": 50,
+            "kind": "resume",
+            "evidence": "seg",
+        },
     ]
     runs = [
         {"run_id": "a", "status": "recovered", "first_step": 0, "last_step": 200},
         {"run_id": "b", "status": "completed", "first_step": 100, "last_step": 300},
     ]
     lf = charts.lineage_figure(runs, edges)
-    nodes = lf.data[-1]
-    assert list(nodes.text) == ["a (+1 resume)", "b"] and list(nodes.x) == [0, 1]
+    nodes = next(t for t in lf.data if t.mode == "markers+text" and len(t.x) > 1)
+    assert list(nodes.text) == [
+        "a · segment 0",
+        "segment 1",
+        "b",
+    ]  # a resumed itself: a chain, not a lone dot
+    assert any(t.text == ("resume @ 50",) for t in lf.data)
+    assert sorted(t.name for t in lf.data if t.showlegend is not False and t.name) == [
+        "completed",
+        "recovered",
+    ]
+    par = charts.parallel_figure(
+        [{"lr": 0.1, "opt": "adam", "last_loss": 1.0}, {"lr": 0.3, "opt": "sgd", "last_loss": 2.0}],
+        ["lr", "opt"],
+        "last_loss",
+    )
+    dims = par.data[0].dimensions
+    assert [d.label for d in dims] == ["lr", "opt", "last_loss"] and list(dims[1].ticktext) == ["adam", "sgd"]

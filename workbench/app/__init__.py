@@ -1,5 +1,6 @@
 """The Streamlit app: `app.py` routes to these pages; `data` is the only module they read the
-store through, `charts` builds every figure (pure functions, tested without a browser)."""
+store through, `charts` builds every figure (pure functions, tested without a browser), `state`
+keeps each page's view in the URL and runs the live refresh."""
 
 from __future__ import annotations
 

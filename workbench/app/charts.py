@@ -1,15 +1,20 @@
-"""Pure figure builders for the app (plotly); no Streamlit here, so they are unit-tested directly."""
+"""Pure figure builders for the app (plotly); no Streamlit here, so they are unit-tested directly.
+
+Curves are drawn as SVG lines downsampled to what a chart's width can show (the first, min, max
+and last point of each pixel-wide bucket): a few thousand points per line whatever the run's
+length, which keeps every control change a small message and a fast redraw in any browser.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 from scipy.signal import lfilter
 
+# 20 colours, the first 10 Tableau's (what TensorBoard and matplotlib users know), the rest
+# picked to stay apart from them: every pair is at least 27 CIELAB units apart.
 PALETTE = [
     "#1f77b4",
     "#ff7f0e",
@@ -21,13 +26,18 @@ PALETTE = [
     "#7f7f7f",
     "#bcbd22",
     "#17becf",
-    "#393b79",
-    "#e6550d",
-    "#31a354",
-    "#756bb1",
-    "#636363",
-    "#843c39",
+    "#511cfb",
+    "#fe00fa",
+    "#fc0080",
+    "#6c7c32",
+    "#f99379",
+    "#b10da1",
+    "#3283fe",
+    "#b68100",
+    "#008856",
+    "#86ce00",
 ]
+DASHES = ["solid", "dot", "dash", "dashdot"]  # past 20 lines the colours repeat with another dash
 EVENT_STYLE = {  # kind -> (marker symbol, colour)
     "overflow": ("triangle-down", "#d62728"),
     "min_loss_scale": ("x", "#d62728"),
@@ -39,203 +49,150 @@ EVENT_STYLE = {  # kind -> (marker symbol, colour)
     "oom": ("x-thin", "#000000"),
     "eval": ("circle-open", "#17becf"),
 }
+STATUS_COLOR = {
+    "completed": "#2ca02c",
+    "recovered": "#17becf",
+    "diverged": "#d62728",
+    "crashed": "#000000",
+    "running": "#1f77b4",
+    "unknown": "#7f7f7f",
+}
 
 
-def run_color(run_id: str) -> str:
-    """The same colour for a run whatever else is selected (a hash of its id)."""
-    return PALETTE[int(hashlib.sha1(run_id.encode()).hexdigest(), 16) % len(PALETTE)]
+def line_styles(keys: list[str]) -> dict[str, tuple[str, str]]:
+    """(colour, dash) per run or group, by position in the selection: stable while the selection
+    is, and no two of the first 20 alike (a hash of the name collides long before that)."""
+    return {
+        k: (PALETTE[i % len(PALETTE)], DASHES[(i // len(PALETTE)) % len(DASHES)]) for i, k in enumerate(keys)
+    }
 
 
 def tb_smooth(values: np.ndarray, weight: float) -> np.ndarray:
     """TensorBoard's smoothing: a debiased EMA over the finite points in order; NaN/Inf pass
     through without advancing it; a constant series is left as it is."""
     v = np.asarray(values, dtype=np.float64)
-    out = v.copy()
     if weight <= 0 or len(v) == 0:
-        return out
+        return v.copy()
     finite = np.isfinite(v)
-    if not finite.any() or (finite.all() and np.all(v == v[0])):
-        return out
-    x = v[finite]
+    all_finite = bool(finite.all())
+    if not finite.any() or (all_finite and v[0] == v[-1] and v.min() == v.max()):
+        return v.copy()
+    x = v if all_finite else v[finite]
     ema = lfilter([1.0 - weight], [1.0, -weight], x)
-    n = np.arange(1, len(x) + 1)
-    out[finite] = ema / (1.0 - weight**n) if weight < 1 else ema
+    if weight < 1:  # debias only while weight**n still shows in a float64 (1 - 1e-17 == 1)
+        m = min(len(ema), int(math.log(1e-17) / math.log(weight)) + 1)
+        ema[:m] /= 1.0 - weight ** np.arange(1, m + 1)
+    if all_finite:
+        return ema
+    out = v.copy()
+    out[finite] = ema
     return out
 
 
-def downsample(x: np.ndarray, y: np.ndarray, buckets: int = 2000) -> tuple[np.ndarray, np.ndarray]:
-    """For display only: per bucket the first, min, max and last point, in x order, so spikes
-    survive; every non-finite point is kept (NaN markers must not vanish)."""
-    n = len(x)
+def keep_index(y: np.ndarray, buckets: int = 1000) -> np.ndarray:
+    """The points to draw, for display only: per bucket of consecutive points the first, min,
+    max and last, in order, so spikes survive; every non-finite point too (NaN markers must not
+    vanish). Buckets are equal runs of points (a reshape, two passes over the data)."""
+    n = len(y)
     if n <= 4 * buckets:
-        return x, y
-    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+        return np.arange(n)
+    width = -(-n // buckets)
     finite = np.isfinite(y)
-    keep = np.zeros(n, dtype=bool)
-    keep[edges[:-1]] = True
-    keep[edges[1:] - 1] = True
-    keep[~finite] = True
-    y_lo = np.where(finite, y, np.inf)
-    y_hi = np.where(finite, y, -np.inf)
-    starts = edges[:-1]
-    mins = np.minimum.reduceat(y_lo, starts)
-    maxs = np.maximum.reduceat(y_hi, starts)
-    bucket = np.repeat(np.arange(buckets), np.diff(edges))
-    keep |= finite & ((y == mins[bucket]) | (y == maxs[bucket]))
-    return x[keep], y[keep]
+    all_finite = bool(finite.all())
+    lo = y if all_finite else np.where(finite, y, np.inf)
+    hi = y if all_finite else np.where(finite, y, -np.inf)
+    full = n // width * width  # whole buckets as a reshape; the short last one on its own
+    starts = np.arange(0, n, width)
+    mins = np.r_[lo[:full].reshape(-1, width).argmin(1), lo[full:].argmin() if full < n else []]
+    maxs = np.r_[hi[:full].reshape(-1, width).argmax(1), hi[full:].argmax() if full < n else []]
+    keep = np.concatenate([starts, np.minimum(starts + width, n) - 1, starts + mins, starts + maxs])
+    if not all_finite:
+        keep = np.concatenate([keep, np.flatnonzero(~finite)])
+    return np.unique(keep.astype(np.int64))
+
+
+def downsample(x: np.ndarray, y: np.ndarray, buckets: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    """`keep_index` applied to a line."""
+    i = keep_index(y, buckets)
+    return x[i], y[i]
+
+
+def compact(a: np.ndarray) -> np.ndarray:
+    """The smallest dtype that draws the same: values as float32 (7 digits, finer than a pixel),
+    whole numbers below 2**31 as int32; epoch milliseconds stay float64. Halves the message."""
+    a = np.asarray(a)
+    if a.dtype.kind in "iu":
+        return a.astype(np.int32) if len(a) == 0 or (a.min() > -(2**31) and a.max() < 2**31) else a
+    fin = a[np.isfinite(a)]
+    return a.astype(np.float32) if len(fin) == 0 or np.abs(fin).max() < 1e9 else a
 
 
 def prepare_curve(
-    x: np.ndarray, y: np.ndarray, superseded: np.ndarray | None, smoothing: float, buckets: int = 2000
+    x: np.ndarray, y: np.ndarray, smoothing: float, buckets: int = 1000, smoothed: np.ndarray | None = None
 ) -> dict:
-    """What a curve needs on screen: the current points smoothed over the full series, then the
-    raw and smoothed lines downsampled; NaN/Inf and superseded points kept apart as markers."""
+    """What one run's line needs on screen: smoothed over the full series (or `smoothed`, done
+    by the caller over a longer one), then the raw and smoothed lines downsampled; NaN/Inf
+    points kept apart as markers."""
     x, y = np.asarray(x), np.asarray(y, dtype=np.float64)
-    sup = np.zeros(len(x), dtype=bool) if superseded is None else np.asarray(superseded, dtype=bool)
-    cur = ~sup
-    smoothed = tb_smooth(y[cur], smoothing)
-    rx, ry = downsample(x[cur], y[cur], buckets)
-    sx, sy = downsample(x[cur], smoothed, buckets)
-    bad = ~np.isfinite(y) & cur
-    finite = np.isfinite(y)
+    smoothed = tb_smooth(y, smoothing) if smoothed is None else smoothed
+    rx, ry = downsample(x, y, buckets)
+    sx, sy = downsample(x, smoothed, buckets)
+    bad = ~np.isfinite(y)
     return {
-        "raw_x": rx,
-        "raw_y": ry,
-        "smooth_x": sx,
-        "smooth_y": sy,
+        "raw_x": compact(rx),
+        "raw_y": compact(ry),
+        "smooth_x": compact(sx),
+        "smooth_y": compact(sy),
         "nan_x": x[bad],
         "nan_v": y[bad],
-        "top": float(np.max(y[finite])) if finite.any() else 0.0,
-        "sup_x": x[sup],
-        "sup_y": y[sup],
     }
 
 
-def curves_figure(
-    series: list[dict],
-    *,
-    smoothing: float = 0.6,
-    log_y: bool = False,
-    x_title: str = "step",
-    facet: bool = True,
-    show_raw: bool = True,
-    alerts: list[dict] = (),
-    events: list[dict] = (),
-    buckets: int = 2000,
-    height_per_row: int = 320,
-    ignore_outliers: bool = True,
-) -> go.Figure:
-    """Curves of many runs and tags. `series`: dicts run_id, tag and either x, y (numpy) with an
-    optional `superseded` mask, or `curve` from prepare_curve (cached by the app)."""
-    tags = list(dict.fromkeys(s["tag"] for s in series))
-    rows = len(tags) if facet else 1
-    fig = make_subplots(
-        rows=max(rows, 1),
-        cols=1,
-        shared_xaxes=True,
-        subplot_titles=tags if facet else None,
-        vertical_spacing=min(0.08, 0.3 / max(rows, 1)),
-    )
-    shown_in_legend = set()
-    row_values: dict[int, list[np.ndarray]] = {}
-    nan_traces: list[tuple[int, int]] = []  # (trace index, row): moved to the top of the visible range
-    for s in series:
-        row = tags.index(s["tag"]) + 1 if facet else 1
-        color = run_color(s["run_id"])
-        c = s.get("curve") or prepare_curve(s["x"], s["y"], s.get("superseded"), smoothing, buckets)
-        name = s["run_id"] if facet else f"{s['run_id']} · {s['tag']}"
-        if show_raw and smoothing > 0:
-            fig.add_trace(
-                go.Scattergl(
-                    x=c["raw_x"],
-                    y=c["raw_y"],
-                    mode="lines",
-                    line={"color": color, "width": 1},
-                    opacity=0.25,
-                    name=name,
-                    legendgroup=name,
-                    showlegend=False,
-                    hoverinfo="skip",
-                ),
-                row=row,
-                col=1,
-            )
-        fig.add_trace(
-            go.Scattergl(
-                x=c["smooth_x"],
-                y=c["smooth_y"],
-                mode="lines",
-                line={"color": color, "width": 2},
-                name=name,
-                legendgroup=name,
-                showlegend=name not in shown_in_legend,
-                hovertemplate=f"{name}<br>{s['tag']}<br>%{{x}}: %{{y:.5g}}<extra></extra>",
-            ),
-            row=row,
-            col=1,
-        )
-        shown_in_legend.add(name)
-        row_values.setdefault(row, []).append(c["smooth_y"][np.isfinite(c["smooth_y"])])
-        if len(c["nan_x"]):  # NaN/Inf markers at the top of the plot, so they are seen
-            nan_traces.append((len(fig.data), row))
-            fig.add_trace(
-                go.Scatter(
-                    x=c["nan_x"],
-                    y=np.full(len(c["nan_x"]), c["top"]),
-                    mode="markers",
-                    name=f"{name} NaN/Inf",
-                    marker={"symbol": "x", "color": color, "size": 9},
-                    legendgroup=name,
-                    showlegend=False,
-                    text=[str(v) for v in c["nan_v"]],
-                    hovertemplate=f"{name}: %{{text}} at %{{x}}<extra></extra>",
-                ),
-                row=row,
-                col=1,
-            )
-        if len(c["sup_x"]):
-            fig.add_trace(
-                go.Scatter(
-                    x=c["sup_x"],
-                    y=c["sup_y"],
-                    mode="markers",
-                    marker={"color": color, "size": 4, "symbol": "circle-open"},
-                    name=f"{name} superseded",
-                    legendgroup=name,
-                    showlegend=False,
-                    hovertemplate=f"{name} (superseded by a resumed writer)<br>%{{x}}: %{{y:.5g}}<extra></extra>",
-                ),
-                row=row,
-                col=1,
-            )
-    _add_alerts(fig, alerts, tags, facet)
-    _add_events(fig, events)
-    if ignore_outliers:  # as TensorBoard's default: scale to where the curves spend their time
-        for row, vals in row_values.items():
-            r = outlier_range(np.concatenate(vals) if vals else np.array([]), log_y)
-            if r is not None:
-                fig.update_yaxes(range=r, row=row, col=1)
-                for i, nan_row in nan_traces:
-                    if nan_row == row:
-                        top = 10 ** r[1] if log_y else r[1]
-                        fig.data[i].y = [top] * len(fig.data[i].y)
-    fig.update_layout(
-        height=max(360, height_per_row * rows),
-        margin={"l": 50, "r": 20, "t": 40, "b": 40},
-        legend={"orientation": "h", "y": -0.08},
-        hovermode="closest",
-        uirevision="curves",
-    )
-    fig.update_xaxes(title_text=x_title, row=rows, col=1)
-    if log_y:
-        fig.update_yaxes(type="log")
-    return fig
+def band(xs: list[np.ndarray], ys: list[np.ndarray], buckets: int = 500) -> dict | None:
+    """A group of runs as W&B draws it: per x bucket the mean over runs of each run's bucket
+    mean, and the min..max over every point of every run in the bucket (spikes stay in the band)."""
+    pairs = [(np.asarray(x, np.float64), np.asarray(y, np.float64)) for x, y in zip(xs, ys, strict=True)]
+    pairs = [(x[np.isfinite(y)], y[np.isfinite(y)]) for x, y in pairs]
+    pairs = [(x, y) for x, y in pairs if len(x)]
+    if not pairs:
+        return None
+    lo_x, hi_x = min(x.min() for x, _ in pairs), max(x.max() for x, _ in pairs)
+    edges = np.linspace(lo_x, hi_x if hi_x > lo_x else lo_x + 1, buckets + 1)
+    means = np.full((len(pairs), buckets), np.nan)
+    mins = np.full(buckets, np.inf)
+    maxs = np.full(buckets, -np.inf)
+    for i, (x, y) in enumerate(pairs):
+        b = np.clip(np.searchsorted(edges, x, "right") - 1, 0, buckets - 1)
+        count = np.bincount(b, minlength=buckets)
+        has = count > 0
+        means[i, has] = np.bincount(b, y, minlength=buckets)[has] / count[has]
+        np.minimum.at(mins, b, y)
+        np.maximum.at(maxs, b, y)
+    has = np.isfinite(mins)
+    centre = (edges[:-1] + edges[1:]) / 2
+    with np.errstate(invalid="ignore"):
+        mean = np.nanmean(means[:, has], axis=0)
+    return {
+        "x": compact(centre[has]),
+        "mean": compact(mean),
+        "lo": compact(mins[has]),
+        "hi": compact(maxs[has]),
+    }
+
+
+def time_unit(span_seconds: float) -> tuple[str, float]:
+    """A unit for a relative-time axis that keeps its numbers readable."""
+    for name, size, upto in (("s", 1, 120), ("min", 60, 7200), ("h", 3600, 3 * 86400)):
+        if span_seconds <= upto:
+            return name, size
+    return "days", 86400
 
 
 def outlier_range(values: np.ndarray, log_y: bool = False) -> list[float] | None:
     """TensorBoard's outlier-ignoring domain: the 5th..95th percentile of the values, padded by
     10 % (log10 units for a log axis)."""
-    v = values[np.isfinite(values)]
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
     if log_y:
         v = np.log10(v[v > 0])
     if len(v) < 10:
@@ -247,74 +204,217 @@ def outlier_range(values: np.ndarray, log_y: bool = False) -> list[float] | None
     return [float(lo - pad), float(hi + pad)]
 
 
-def _rows_for(tag: str | None, tags: list[str], facet: bool) -> list[int]:
-    if not facet:
-        return [1]
-    return [tags.index(tag) + 1] if tag in tags else list(range(1, len(tags) + 1))
+def curve_figure(
+    title: str,
+    lines: list[dict],
+    *,
+    smoothing: float = 0.6,
+    log_y: bool = False,
+    x_title: str = "step",
+    x_is_date: bool = False,
+    alerts: list[dict] = (),
+    events: list[dict] = (),
+    vlines: list[tuple[float, str]] = (),
+    ignore_outliers: bool = True,
+    show_raw: bool = True,
+    legend_lines: bool = False,
+    height: int = 340,
+) -> go.Figure:
+    """One chart: one line per run (or group) with its faint raw line behind, NaN/Inf markers
+    pinned to the top edge, points replaced by a resume, group bands, alert and event markers.
 
+    `lines`: dicts with name, color, dash and the arrays of `prepare_curve` (optionally sup_x and
+    sup_y for replaced points, band for a group). `alerts`/`events` are placed by the caller, in
+    this chart's x units and on this chart's curve (x, y; alerts also x0, x1). `vlines`: (x, text)
+    drawn as dashed verticals (resumes on a stitched curve). The hover shows every line at the
+    hovered x, as W&B does.
+    """
+    fig = go.Figure()
+    legend_seen: set[str] = set()
 
-def _add_alerts(fig: go.Figure, alerts, tags: list[str], facet: bool) -> None:
-    """Alert intervals as shaded bands (capped for the browser) and a marker where each fired."""
-    bands = len(alerts) <= 10  # beyond that, bands would hide the curves: markers only
-    for a in alerts:
-        color = run_color(a["run_id"])
-        for row in _rows_for(a.get("tag") or None, tags, facet):
-            if bands:
-                fig.add_vrect(
-                    x0=a["x_start"],
-                    x1=max(a["x_end"], a["x_start"]),
-                    fillcolor=color,
-                    opacity=0.08,
-                    line_width=0,
-                    row=row,
-                    col=1,
-                )
+    def legend(group: str) -> dict:
+        first = group not in legend_seen
+        legend_seen.add(group)
+        return {"legendgroup": group, "showlegend": first, "name": group}
+
+    visible: list[np.ndarray] = []
+    for ln in lines:
+        line = {"color": ln["color"], "dash": ln.get("dash", "solid")}
+        if ln.get("band") is not None:
+            b = ln["band"]
             fig.add_trace(
                 go.Scatter(
-                    x=[a["x_fired"]],
-                    y=[a["y"]] if a.get("y") is not None and math.isfinite(a["y"]) else [None],
-                    mode="markers",
-                    marker={
-                        "symbol": "triangle-up",
-                        "size": 11,
-                        "color": color,
-                        "line": {"width": 1, "color": "black"},
-                    },
-                    name=f"alert {a['rule']}",
+                    x=np.r_[b["x"], b["x"][::-1]],
+                    y=np.r_[b["hi"], b["lo"][::-1]],
+                    fill="toself",
+                    fillcolor=ln["color"],
+                    opacity=0.18,
+                    line={"width": 0},
+                    hoverinfo="skip",
                     showlegend=False,
-                    text=[a["message"]],
-                    hovertemplate=f"<b>alert {a['rule']}</b> · {a['run_id']}<br>fired at %{{x}}<br>%{{text}}<extra></extra>",
-                ),
-                row=row,
-                col=1,
+                )
             )
+        if show_raw and smoothing > 0 and len(ln.get("raw_x", ())):
+            fig.add_trace(
+                go.Scatter(
+                    x=ln["raw_x"],
+                    y=ln["raw_y"],
+                    mode="lines",
+                    line={**line, "width": 1},
+                    opacity=0.25,
+                    hoverinfo="skip",
+                    showlegend=False,
+                )
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=ln["smooth_x"],
+                y=ln["smooth_y"],
+                mode="lines",
+                line={**line, "width": 2},
+                name=ln["name"],
+                showlegend=legend_lines,
+                hovertemplate=f"{ln['name']}: %{{y:.5g}}<extra></extra>",
+            )
+        )
+        visible.append(np.asarray(ln["smooth_y"], np.float64))
+        if len(ln.get("sup_x", ())):
+            fig.add_trace(
+                go.Scatter(
+                    x=ln["sup_x"],
+                    y=ln["sup_y"],
+                    mode="markers",
+                    marker={"color": ln["color"], "size": 4, "symbol": "circle-open"},
+                    hovertemplate=f"{ln['name']} (replaced by a resume): %{{y:.5g}}<extra></extra>",
+                    **legend("replaced by a resume"),
+                )
+            )
+    values = np.concatenate(visible) if visible else np.array([])
+    y_range = outlier_range(values, log_y) if ignore_outliers else None
+    finite = values[np.isfinite(values) & ((values > 0) if log_y else True)]
+    if y_range is not None:
+        top = 10 ** y_range[1] if log_y else y_range[1]
+    else:
+        top = float(finite.max()) if len(finite) else 1.0
+    for ln in lines:  # NaN/Inf markers on the top edge, drawn over it rather than clipped
+        if len(ln.get("nan_x", ())):
+            fig.add_trace(
+                go.Scatter(
+                    x=ln["nan_x"],
+                    y=np.full(len(ln["nan_x"]), top),
+                    mode="markers",
+                    marker={"symbol": "x", "color": ln["color"], "size": 9, "line": {"width": 1}},
+                    cliponaxis=False,
+                    text=[f"{ln['name']}: {v}" for v in ln["nan_v"]],
+                    hovertemplate="%{text}<extra></extra>",
+                    **legend("NaN/Inf"),
+                )
+            )
+    _add_alerts(fig, alerts, legend)
+    _add_events(fig, events, legend)
+    for x, text in vlines:
+        fig.add_vline(
+            x=x,
+            line={"dash": "dash", "color": "#555", "width": 1},
+            annotation={"text": text, "textangle": -90, "font": {"size": 10}},
+            annotation_position="top left",
+        )
+    fig.update_layout(
+        title={"text": title, "font": {"size": 14}, "x": 0, "xanchor": "left", "y": 0.98, "yanchor": "top"},
+        height=height,
+        margin={"l": 55, "r": 15, "t": 62, "b": 45},
+        legend={
+            "orientation": "h",
+            "x": 0,
+            "xanchor": "left",
+            "y": 1.0,
+            "yanchor": "bottom",
+            "font": {"size": 11},
+        },
+        showlegend=bool(legend_seen) or legend_lines,
+        hovermode="x unified",
+        uirevision=title,
+    )
+    fig.update_xaxes(title_text=x_title, type="date" if x_is_date else None)
+    fig.update_yaxes(**_y_axis(finite, y_range, log_y))
+    return fig
 
 
-def _add_events(fig: go.Figure, events) -> None:
-    """Events on the first plot, at their run's curve (`y` is given by the caller)."""
-    by_kind: dict[tuple, list] = {}
+def _y_axis(finite: np.ndarray, y_range: list[float] | None, log_y: bool) -> dict:
+    """Log axes label decades only once they span more than one (plotly otherwise prints every
+    2..9 between them); the outlier-ignoring range when asked."""
+    out: dict = {}
+    if y_range is not None:
+        out["range"] = y_range
+    if log_y:
+        out["type"] = "log"
+        if y_range is not None:
+            decades = y_range[1] - y_range[0]
+        else:
+            pos = finite[finite > 0]
+            decades = float(np.log10(pos.max() / pos.min())) if len(pos) else 0.0
+        if decades > 1.5:
+            out.update(dtick=1, minor={"ticks": "inside", "showgrid": True}, exponentformat="power")
+        else:
+            out.update(dtick="D2")
+    return out
+
+
+def _add_alerts(fig: go.Figure, alerts, legend) -> None:
+    """Alert intervals as shaded bands (only while few: more would hide the curves) and a
+    marker where each fired, on its run's curve of this chart."""
+    bands = len(alerts) <= 10
+    for a in alerts:
+        if bands and a.get("x0") is not None and a.get("x1") is not None:
+            fig.add_vrect(x0=a["x0"], x1=a["x1"], fillcolor=a["color"], opacity=0.08, line_width=0)
+    if not alerts:
+        return
+    y = [a["y"] if a.get("y") is not None and math.isfinite(a["y"]) else None for a in alerts]
+    fig.add_trace(
+        go.Scatter(
+            x=[a["x"] for a in alerts],
+            y=y,
+            mode="markers",
+            marker={
+                "symbol": ["star-triangle-up" if a.get("live") else "triangle-up" for a in alerts],
+                "size": 11,
+                "color": [a["color"] for a in alerts],
+                "line": {"width": 1, "color": "black"},
+            },
+            cliponaxis=False,
+            text=[
+                f"<b>{'live ' if a.get('live') else ''}alert {a['rule']}</b> · {a['run']}<br>{a.get('message') or ''}"
+                for a in alerts
+            ],
+            hovertemplate="%{text}<extra></extra>",
+            **legend("alert"),
+        )
+    )
+
+
+def _add_events(fig: go.Figure, events, legend) -> None:
+    """Events as one marker trace per kind, each on its run's curve (outlined in the run's colour)."""
+    by_kind: dict[str, list] = {}
     for e in events:
-        by_kind.setdefault((e["kind"], e["run_id"]), []).append(e)
-    for (kind, run), evs in sorted(by_kind.items()):
+        by_kind.setdefault(e["kind"], []).append(e)
+    for kind, evs in sorted(by_kind.items()):
         symbol, color = EVENT_STYLE.get(kind, ("circle", "#444444"))
         fig.add_trace(
             go.Scatter(
                 x=[e["x"] for e in evs],
-                y=[e.get("y") for e in evs],
+                y=[e["y"] for e in evs],
                 mode="markers",
                 marker={
                     "symbol": symbol,
                     "size": 9,
                     "color": color,
-                    "line": {"width": 1, "color": run_color(run)},
+                    "line": {"width": 1.5, "color": [e["color"] for e in evs]},
                 },
-                name=kind,
-                showlegend=False,
-                text=[f"{kind} · {run}<br>{(e['message'] or '')[:160]}" for e in evs],
-                hovertemplate="%{text}<br>at %{x}<extra></extra>",
-            ),
-            row=1,
-            col=1,
+                cliponaxis=False,
+                text=[f"{kind} · {e['run']}<br>{(e.get('message') or '')[:160]}" for e in evs],
+                hovertemplate="%{text}<extra></extra>",
+                **legend(kind),
+            )
         )
 
 
@@ -348,17 +448,13 @@ def sweep_figure(rows: list[dict]) -> go.Figure:
 
 
 def lineage_figure(runs: list[dict], edges: list[dict]) -> go.Figure:
-    """Runs as nodes (coloured by status), continuation edges between them; resumes inside a
-    run are counted on its node."""
-    status_color = {
-        "completed": "#2ca02c",
-        "recovered": "#17becf",
-        "diverged": "#d62728",
-        "crashed": "#000000",
-        "running": "#1f77b4",
-        "unknown": "#7f7f7f",
-    }
+    """Runs as nodes coloured by status (with a legend), continuation edges between them; a run
+    that resumed itself is drawn as a chain of its writer segments, one node per resume."""
     cross = [e for e in edges if e["child_run"] != e["parent_run"]]
+    resumes: dict[str, list[dict]] = {}
+    for e in sorted(edges, key=lambda e: (e["child_run"], e.get("child_segment") or 0)):
+        if e["child_run"] == e["parent_run"]:
+            resumes.setdefault(e["child_run"], []).append(e)
     involved = sorted({e["child_run"] for e in edges} | {e["parent_run"] for e in edges})
     parent = {e["child_run"]: e["parent_run"] for e in cross}
 
@@ -372,12 +468,12 @@ def lineage_figure(runs: list[dict], edges: list[dict]) -> go.Figure:
         rows_at[d] = rows_at.get(d, 0) + 1
     info = {r["run_id"]: r for r in runs}
     fig = go.Figure()
-    for e in cross:
-        (x0, y0), (x1, y1) = pos[e["parent_run"]], pos[e["child_run"]]
+
+    def edge(p0, p1, label, hover):
         fig.add_trace(
             go.Scatter(
-                x=[x0, x1],
-                y=[y0, y1],
+                x=[p0[0], p1[0]],
+                y=[p0[1], p1[1]],
                 mode="lines",
                 line={"color": "#999", "width": 2},
                 hoverinfo="skip",
@@ -386,47 +482,99 @@ def lineage_figure(runs: list[dict], edges: list[dict]) -> go.Figure:
         )
         fig.add_trace(
             go.Scatter(
-                x=[(x0 + x1) / 2],
-                y=[(y0 + y1) / 2],
+                x=[(p0[0] + p1[0]) / 2],
+                y=[(p0[1] + p1[1]) / 2],
                 mode="markers+text",
-                text=[f"{e['kind']} @ {e['parent_step']}"],
+                text=[label],
                 textposition="top center",
                 marker={"size": 6, "color": "#999"},
                 showlegend=False,
-                hovertext=[e["evidence"]],
+                hovertext=[hover],
                 hoverinfo="text",
             )
         )
-    resumes = {}
-    for e in edges:
-        if e["child_run"] == e["parent_run"]:
-            resumes[e["child_run"]] = resumes.get(e["child_run"], 0) + 1
+
+    for e in cross:
+        edge(pos[e["parent_run"]], pos[e["child_run"]], f"{e['kind']} @ {e['parent_step']}", e["evidence"])
+    nodes = []  # (x, y, label, run, hover)
+    for r in involved:
+        x, y = pos[r]
+        chain = resumes.get(r, [])
+        st = info.get(r) or {}
+        hover = f"{r}<br>status {st.get('status')}<br>steps {st.get('first_step')}–{st.get('last_step')}"
+        nodes.append((x, y, r if not chain else f"{r} · segment 0", r, hover))
+        for k, e in enumerate(chain, 1):
+            p0 = (x + 0.45 * (k - 1) / len(chain), y)
+            p1 = (x + 0.45 * k / len(chain), y)
+            edge(p0, p1, f"resume @ {e['parent_step']}", e["evidence"])
+            nodes.append((*p1, f"segment {e.get('child_segment', k)}", r, f"{hover}<br>{e['evidence']}"))
+    statuses = [(info.get(n[3]) or {}).get("status") or "unknown" for n in nodes]
     fig.add_trace(
         go.Scatter(
-            x=[pos[r][0] for r in involved],
-            y=[pos[r][1] for r in involved],
+            x=[n[0] for n in nodes],
+            y=[n[1] for n in nodes],
             mode="markers+text",
-            text=[r + (f" (+{resumes[r]} resume)" if r in resumes else "") for r in involved],
+            text=[n[2] for n in nodes],
             textposition="bottom center",
-            marker={
-                "size": 22,
-                "color": [status_color.get((info.get(r) or {}).get("status"), "#7f7f7f") for r in involved],
-            },
-            hovertext=[
-                f"{r}<br>status {(info.get(r) or {}).get('status')}<br>steps {(info.get(r) or {}).get('first_step')}–"
-                f"{(info.get(r) or {}).get('last_step')}"
-                for r in involved
-            ],
+            marker={"size": 22, "color": [STATUS_COLOR.get(s, "#7f7f7f") for s in statuses]},
+            hovertext=[n[4] for n in nodes],
             hoverinfo="text",
             showlegend=False,
         )
     )
-    depth_max = max((p[0] for p in pos.values()), default=0)
+    for s in sorted(set(statuses)):  # the legend of node colours
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                marker={"size": 12, "color": STATUS_COLOR.get(s, "#7f7f7f")},
+                name=s,
+            )
+        )
+    depth_max = max((n[0] for n in nodes), default=0)
     rows_max = max(rows_at.values(), default=1)
     fig.update_layout(
-        height=160 + 90 * rows_max,
-        margin={"l": 20, "r": 20, "t": 20, "b": 20},
+        height=180 + 90 * rows_max,
+        margin={"l": 20, "r": 20, "t": 40, "b": 20},
         xaxis={"visible": False, "range": [-0.6, depth_max + 0.6]},
         yaxis={"visible": False, "range": [rows_max - 0.4, -0.6]},
+        legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "title": {"text": "status"}},
     )
+    return fig
+
+
+def parallel_figure(rows: list[dict], dims: list[str], color_by: str) -> go.Figure:
+    """Parallel coordinates of runs: one axis per config key (categories get named ticks) and the
+    colour (final loss, or any numeric column) on the last axis too."""
+    dimensions = []
+    for d in [*dims, color_by]:
+        vals = [r.get(d) for r in rows]
+        nums = [v for v in vals if isinstance(v, int | float) and not isinstance(v, bool)]
+        if len(nums) == sum(v is not None for v in vals) and nums:
+            dimensions.append({"label": d, "values": [v if v is not None else math.nan for v in vals]})
+        else:
+            cats = sorted({str(v) for v in vals})
+            code = {c: i for i, c in enumerate(cats)}
+            dimensions.append(
+                {
+                    "label": d,
+                    "values": [code[str(v)] for v in vals],
+                    "tickvals": list(range(len(cats))),
+                    "ticktext": [c[:18] for c in cats],
+                }
+            )
+    color = dimensions[-1]["values"]
+    fig = go.Figure(
+        go.Parcoords(
+            dimensions=dimensions,
+            line={
+                "color": color,
+                "colorscale": "Viridis",
+                "showscale": True,
+                "colorbar": {"title": color_by},
+            },
+        )
+    )
+    fig.update_layout(height=420, margin={"l": 60, "r": 60, "t": 60, "b": 30})
     return fig

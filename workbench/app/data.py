@@ -2,23 +2,32 @@
 
 Every cached read takes the store generation as its first argument, so a new ingest (a new
 generation) invalidates it; queries run on a per-generation in-memory DuckDB that never locks
-the store, so an open app never blocks an ingest.
+the store, so an open app never blocks an ingest. Only the public views are read (`runs`,
+`scalars`, `scalars_all`, `file_tags`, `events`, `alerts`, `labels`, `lineage`); columns that
+newer stores add (e.g. an alert's `source` and `raised_at`) are used when present.
 """
 
 from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime
 
 import numpy as np
 import polars as pl
 import streamlit as st
 
-from detectors.backtest import Settings, backtest
-from detectors.replay import GUIDES, replay
+from detectors.backtest import Settings, backtest, load_labels
+from detectors.replay import GUIDES, batches, default_rules, replay, replay_batches
 from detectors.rules import rules_from_text
 from ingest import lineage as lineage_graph
+from workbench.app import charts
 from workbench.errors import WorkbenchError
 from workbench.store import Store
 
 SELECTED = "selected_runs"  # session key shared by the pages
+X_MODES = ["step", "relative time", "wall time"]
 
 
 def store() -> Store:
@@ -35,7 +44,7 @@ def _connection(gen: str):
     return store().connect()
 
 
-def sql(gen: str, query: str, params: list | None = None) -> pl.DataFrame:
+def sql(gen: str, query: str, params: list | dict | None = None) -> pl.DataFrame:
     cur = _connection(gen).cursor()  # a cursor per call: connections are not shared between threads
     try:
         return cur.sql(query, params=params).pl() if params else cur.sql(query).pl()
@@ -44,83 +53,357 @@ def sql(gen: str, query: str, params: list | None = None) -> pl.DataFrame:
 
 
 @st.cache_data(show_spinner=False)
+def columns(gen: str, view: str) -> list[str]:
+    return sql(gen, f"SELECT * FROM {view} LIMIT 0").columns
+
+
+@st.cache_data(show_spinner=False)
+def tag_metrics(gen: str) -> dict[str, str | None]:
+    """tag -> canonical metric, read at each tag's first step only (a scan of every point
+    would cost seconds at 10M points)."""
+    firsts = sql(gen, "SELECT DISTINCT first_step FROM file_tags WHERE first_step IS NOT NULL")["first_step"]
+    if firsts.is_empty():
+        return {}
+    df = sql(
+        gen,
+        "SELECT tag, any_value(metric) AS metric FROM scalars_all WHERE step IN (SELECT unnest(?)) GROUP BY tag",
+        [firsts.to_list()],
+    )
+    return dict(df.iter_rows())
+
+
+@st.cache_data(show_spinner=False)
+def run_starts(gen: str) -> dict[str, float | None]:
+    """run -> when it started (epoch seconds, its first file's first wall time), for every run:
+    what the Curves page needs of `runs`, without its heavier columns."""
+    return dict(sql(gen, "SELECT run_id, epoch(started) FROM runs ORDER BY run_id").iter_rows())
+
+
+@st.cache_data(show_spinner=False)
 def runs(gen: str) -> pl.DataFrame:
+    """Every run with its label, last loss, alert counts (live ones apart when a watch wrote
+    them) and config (JSON text)."""
+    loss_tags = [t for t, m in tag_metrics(gen).items() if m == "loss"]
+    live = "count(*) FILTER (WHERE source = 'live')" if "source" in columns(gen, "alerts") else "0"
     return sql(
         gen,
-        """
-        WITH a AS (SELECT run_id, count(*) AS alerts FROM alerts GROUP BY run_id),
-             l AS (SELECT run_id, arg_max(value, step) AS last_loss FROM scalars WHERE metric = 'loss' GROUP BY run_id)
+        f"""
+        WITH a AS (SELECT run_id, count(*) AS alerts, {live} AS live_alerts FROM alerts GROUP BY run_id),
+             ends AS (SELECT run_id, tag, max(last_step) AS step FROM file_tags
+                      WHERE list_contains($loss, tag) GROUP BY ALL),
+             l AS (SELECT s.run_id, arg_max(s.value, s.step) AS last_loss FROM scalars s
+                   SEMI JOIN ends e ON e.run_id = s.run_id AND e.tag = s.tag AND e.step = s.step
+                   WHERE s.step IN (SELECT step FROM ends) GROUP BY s.run_id)
         SELECT r.run_id, r.status, lb.outcome AS label, lb.onset, lb.kind AS failure, lb.source AS label_source,
                r.formats, r.points, r.first_step, r.last_step, l.last_loss, coalesce(a.alerts, 0) AS alerts,
-               r.segments, r.problems, r.evidence, r.config
+               coalesce(a.live_alerts, 0) AS live_alerts, epoch(r.started) AS started, r.segments,
+               r.problems, r.evidence, r.config
         FROM runs r LEFT JOIN labels lb USING (run_id) LEFT JOIN a USING (run_id) LEFT JOIN l USING (run_id)
         ORDER BY r.run_id""",
+        {"loss": loss_tags or [""]},
     )
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, list) else v
+    return out
+
+
+@st.cache_data(show_spinner=False)
+def configs(gen: str) -> pl.DataFrame:
+    """One row per run with a config, one column per config key (nested keys dotted, as W&B
+    shows them), keys in first-seen order."""
+    rows = []
+    for run, text in sql(
+        gen, "SELECT run_id, config FROM runs WHERE config IS NOT NULL ORDER BY run_id"
+    ).iter_rows():
+        if text:
+            try:
+                rows.append({"run_id": run, **_flatten(json.loads(text))})
+            except (ValueError, AttributeError):
+                continue
+    if not rows:
+        return pl.DataFrame(schema={"run_id": pl.String})
+    cols = {}
+    for k in dict.fromkeys(k for r in rows for k in r):
+        vals = [r.get(k) for r in rows]
+        kinds = {type(v) for v in vals if v is not None}
+        if kinds and kinds <= {int, float}:
+            cols[k] = [None if v is None else float(v) for v in vals]
+        elif kinds in ({str}, {bool}):
+            cols[k] = vals
+        else:  # mixed types: shown as text
+            cols[k] = [None if v is None else str(v) for v in vals]
+    return pl.DataFrame(cols, strict=False)
 
 
 @st.cache_data(show_spinner=False)
 def tags(gen: str, run_ids: tuple[str, ...]) -> pl.DataFrame:
+    """The tags of these runs (from the per-file tag index, no scan of the points), loss first."""
+    schema = {"tag": pl.String, "metric": pl.String, "runs": pl.UInt32}
     if not run_ids:
-        return pl.DataFrame(schema={"tag": pl.String, "metric": pl.String, "runs": pl.UInt32})
-    return sql(
-        gen,
-        "SELECT tag, any_value(metric) AS metric, count(DISTINCT run_id) AS runs FROM scalars "
-        "WHERE list_contains(?, run_id) GROUP BY tag ORDER BY metric NULLS LAST, tag",
-        [list(run_ids)],
-    )
-
-
-def series(gen: str, run_id: str, tag: str) -> dict[str, np.ndarray]:
-    """Every stored point of one run and tag, superseded ones flagged, by step then write order."""
+        return pl.DataFrame(schema=schema)
     df = sql(
         gen,
-        "SELECT step, wall_time, value, superseded FROM scalars_all WHERE run_id = ? AND tag = ? "
-        "ORDER BY step, superseded DESC",
+        "SELECT tag, count(DISTINCT run_id)::UINTEGER AS runs FROM file_tags WHERE list_contains(?, run_id) GROUP BY tag",
+        [list(run_ids)],
+    )
+    metric = tag_metrics(gen)
+    return (
+        df.with_columns(metric=pl.col("tag").replace_strict(metric, default=None, return_dtype=pl.String))
+        .select(list(schema))
+        .sort([(pl.col("metric") != "loss").fill_null(True), pl.col("metric").is_null(), "tag"])
+    )
+
+
+@st.cache_resource(show_spinner=False, max_entries=256)
+def _series(gen: str, run_id: str, tag: str) -> dict[str, np.ndarray]:
+    """Every stored point of one run and tag by step: value, its own wall time, and `kind`: 0
+    current, 1 replaced by a resume (a later writer of the same source logged that step again),
+    2 a duplicate of the step from another source (shown by that source's current row); and
+    `cur_step`, `cur_wall`, `cur_value` for the current points alone. Held once per process
+    (never copied per page view): read-only."""
+    df = sql(
+        gen,
+        "SELECT step, wall_time, value, superseded FROM scalars_all WHERE run_id = ? AND tag = ?",
         [run_id, tag],
     )
-    return {c: df[c].to_numpy() for c in df.columns}
-
-
-def to_x(steps: np.ndarray, walls: np.ndarray, t0: float, x_mode: str) -> np.ndarray:
-    if x_mode == "step":
-        return steps
-    if x_mode.startswith("relative"):
-        return (walls - t0) / 3600.0
-    return (walls * 1000).astype("datetime64[ms]")
-
-
-@st.cache_data(show_spinner=False, max_entries=1024)
-def display_curve(
-    gen: str, run_id: str, tag: str, smoothing: float, x_mode: str, with_superseded: bool
-) -> dict | None:
-    """A curve ready to draw (smoothed over every point, then downsampled) and what it takes to
-    place events and alerts on it; cached, so later page views never touch the raw points."""
-    from workbench.app import charts
-
-    s = series(gen, run_id, tag)
-    if len(s["step"]) == 0:
-        return None
-    walls = s["wall_time"].astype(np.float64)
-    has_time = bool(np.isfinite(walls).any())
-    t0 = float(np.nanmin(walls)) if has_time else 0.0
-    mode = x_mode if has_time else "step"
-    sup = s["superseded"].astype(bool)
-    keep = np.ones(len(sup), bool) if with_superseded else ~sup
-    x = to_x(s["step"], walls, t0, mode)
-    cur = ~sup
-    # a thinned copy of the current points (steps, x, smoothed y) to place events and alerts on
-    ps, py = charts.downsample(
-        s["step"][cur].astype(np.float64), charts.tb_smooth(s["value"][cur], smoothing), 4000
-    )
-    px = to_x(ps, np.interp(ps, s["step"][cur], walls[cur]) if has_time else ps, t0, mode)
-    return {
-        "curve": charts.prepare_curve(x[keep], s["value"][keep], sup[keep], smoothing),
-        "has_time": has_time,
-        "place_steps": ps,
-        "place_x": px,
-        "place_y": py,
-        "points": int(len(x)),
+    # parts are stored sorted by step: a single-writer series needs no sort (the common case)
+    if not df["step"].is_sorted() or df["superseded"].any():
+        df = df.sort(["step", "superseded"], descending=[False, True], maintain_order=True)
+    kind = df["superseded"].cast(pl.Int8).to_numpy().copy()
+    if kind.any():
+        dup = sql(
+            gen,
+            """WITH p AS (SELECT step, source, segment, superseded FROM scalars_all WHERE run_id = $r AND tag = $t),
+                    cur AS (SELECT DISTINCT step, source FROM p WHERE NOT superseded),
+                    ft AS (SELECT source, segment, first_step FROM file_tags WHERE run_id = $r AND tag = $t)
+               SELECT s.step FROM p s
+               WHERE s.superseded
+                 AND EXISTS (SELECT 1 FROM cur c WHERE c.step = s.step AND c.source <> s.source)
+                 AND NOT EXISTS (SELECT 1 FROM cur c WHERE c.step = s.step AND c.source = s.source)
+                 AND NOT EXISTS (SELECT 1 FROM ft WHERE ft.source = s.source AND ft.segment > s.segment
+                                 AND ft.first_step <= s.step)""",
+            {"r": run_id, "t": tag},
+        )["step"].to_numpy()
+        kind[(kind == 1) & np.isin(df["step"].to_numpy(), dup)] = 2
+    out = {
+        "step": df["step"].to_numpy(),
+        "wall": df["wall_time"].cast(pl.Float64).fill_null(np.nan).to_numpy(),
+        "value": df["value"].cast(pl.Float64).fill_null(np.nan).to_numpy(),
+        "kind": kind,
     }
+    cur = None if not kind.any() else kind == 0  # the current points: the same arrays when all are
+    return {**out, **{f"cur_{k}": out[k] if cur is None else out[k][cur] for k in ("step", "wall", "value")}}
+
+
+def prefetch(gen: str, pairs: list[tuple[str, str]]) -> None:
+    """Read the points of several (run, tag) pairs at once, on threads (DuckDB releases the GIL
+    while it scans): a first view of 10 runs waits for the slowest read, not for their sum."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+
+    def read(pair):
+        add_script_run_ctx(ctx=ctx)
+        _series(gen, *pair)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(read, pairs[:64]))
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _clock(gen: str, run_id: str) -> tuple[np.ndarray, np.ndarray]:
+    """step -> wall time over every source and tag of the run: the latest write of each step
+    (the one the current rows came from when a resumed writer logged it again)."""
+    df = sql(
+        gen,
+        "SELECT step, max(wall_time) AS wall FROM scalars_all WHERE run_id = ? AND isfinite(wall_time) "
+        "GROUP BY step ORDER BY step",
+        [run_id],
+    )
+    return df["step"].to_numpy().astype(np.float64), df["wall"].to_numpy()
+
+
+def _walls(gen: str, run_id: str, steps: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, int]:
+    """Wall times for these steps: each point's own, else the run's clock at that step (another
+    source that logged it), interpolated between logged steps inside the clock's range; NaN
+    where nothing tells. Also how many were taken from the clock."""
+    missing = ~np.isfinite(own)
+    if not missing.any():
+        return own, 0
+    cs, cw = _clock(gen, run_id)
+    if len(cs) == 0:
+        return own, 0
+    out = own.copy()
+    out[missing] = np.interp(steps[missing].astype(np.float64), cs, cw, left=np.nan, right=np.nan)
+    return out, int(np.isfinite(out[missing]).sum())
+
+
+@st.cache_data(show_spinner=False, max_entries=4096)
+def _raw_index(gen: str, run_id: str, tag: str, buckets: int) -> np.ndarray:
+    """The raw points worth drawing (indices into the current points): the same whatever the
+    smoothing."""
+    return charts.keep_index(_series(gen, run_id, tag)["cur_value"], buckets)
+
+
+@st.cache_data(show_spinner=False, max_entries=4096)
+def _line(gen: str, run_id: str, tag: str, smoothing: float, buckets: int) -> dict | None:
+    """The points of one run's line worth drawing, whatever the x axis: smoothed over every
+    current point, then thinned per bucket of points (indices into the current points, so any
+    x is looked up for just these)."""
+    s = _series(gen, run_id, tag)
+    values = s["cur_value"]
+    if len(values) == 0:
+        return None
+    smoothed = charts.tb_smooth(values, smoothing)
+    ri, si = _raw_index(gen, run_id, tag, buckets), charts.keep_index(smoothed, buckets)
+    bad = np.flatnonzero(~np.isfinite(values))
+    return {
+        "raw_i": ri,
+        "raw_y": values[ri],
+        "smooth_i": si,
+        "smooth_y": smoothed[si],
+        "nan_i": bad,
+        "nan_v": values[bad],
+        "points": len(values),
+    }
+
+
+@st.cache_data(show_spinner=False, max_entries=4096)
+def display_curve(
+    gen: str, run_id: str, tag: str, smoothing: float, x_mode: str, replaced: bool, buckets: int
+) -> dict | None:
+    """One run's line on one chart, ready to draw: smoothed over every current point, thinned to
+    the chart's width, and its x: the step (DeepSpeed's sample-counted monitor series are put on
+    optimizer steps by ingest), or seconds since the run started, or epoch seconds. Points without a
+    wall time are left out on time axes and counted (only the counts come back when nothing can
+    be drawn). `place_*`: (optimizer step, x, smoothed y) of the line, to put markers on."""
+    line = _line(gen, run_id, tag, smoothing, buckets)
+    if line is None:
+        return None
+    s = _series(gen, run_id, tag)
+    info = {
+        "points": line["points"],
+        "replaced": int((s["kind"] == 1).sum()),
+        "duplicates": int((s["kind"] == 2).sum()),
+        "untimed": 0,
+        "borrowed_times": 0,
+    }
+    if x_mode == "step":
+
+        def x_of(i):
+            return s["cur_step"][i]
+    else:
+        walls, info["borrowed_times"] = _walls(gen, run_id, s["cur_step"], s["cur_wall"])
+        info["untimed"] = int(np.isnan(walls).sum())
+        if info["untimed"] == len(walls):
+            return info
+        t0 = _run_start(gen, run_id, walls) if x_mode == "relative time" else 0.0
+
+        def x_of(i):
+            return walls[i] - t0
+
+    def drawn(i, y):
+        x = x_of(i)
+        ok = np.isfinite(x)
+        return x[ok], y[ok], i[ok]
+
+    rx, ry, _ = drawn(line["raw_i"], line["raw_y"])
+    sx, sy, si = drawn(line["smooth_i"], line["smooth_y"])
+    nx, nv, _ = drawn(line["nan_i"], line["nan_v"])
+    info.update(
+        raw_x=charts.compact(rx),
+        raw_y=charts.compact(ry),
+        smooth_x=charts.compact(sx),
+        smooth_y=charts.compact(sy),
+        nan_x=nx,
+        nan_v=nv,
+        place_step=s["cur_step"][si],
+        place_x=sx,
+        place_y=sy,
+        span=float(sx.max() - sx.min()) if len(sx) else 0.0,
+    )
+    if replaced:
+        r = np.flatnonzero(s["kind"] == 1)
+        if x_mode == "step":
+            rx = s["step"][r]
+        else:
+            rx = s["wall"][r] - (_run_start(gen, run_id, s["wall"][r]) if x_mode == "relative time" else 0.0)
+        ok = np.isfinite(rx)
+        info.update(sup_x=charts.compact(rx[ok]), sup_y=charts.compact(s["value"][r][ok]))
+    return info
+
+
+def _run_start(gen: str, run_id: str, walls: np.ndarray) -> float:
+    """When the run started: its first file's first wall time, else its first timed point."""
+    start = run_starts(gen).get(run_id)
+    if start is not None and math.isfinite(start):
+        return start
+    timed = walls[np.isfinite(walls)]
+    return float(timed.min()) if len(timed) else 0.0
+
+
+def place(curve: dict, step: float) -> tuple[float | None, float | None]:
+    """(x, y) of an optimizer step on a run's line (None where the line does not reach it)."""
+    ps = curve.get("place_step")
+    if ps is None or len(ps) == 0 or step is None or not (ps[0] <= step <= ps[-1]):
+        return None, None
+    x = float(np.interp(step, ps, curve["place_x"]))
+    ok = np.isfinite(curve["place_y"])
+    y = float(np.interp(step, ps[ok], curve["place_y"][ok])) if ok.any() else None
+    return x, y
+
+
+@st.cache_data(show_spinner=False)
+def group_band(
+    gen: str, run_ids: tuple[str, ...], tag: str, smoothing: float, x_mode: str, buckets: int
+) -> dict | None:
+    """Mean and min..max band of several runs' smoothed lines on one chart (W&B's run groups)."""
+    xs, ys = [], []
+    for run in run_ids:
+        s = _series(gen, run, tag)
+        if len(s["cur_value"]) == 0:
+            continue
+        y = charts.tb_smooth(s["cur_value"], smoothing)
+        if x_mode == "step":
+            x = s["cur_step"]
+        else:
+            x, _ = _walls(gen, run, s["cur_step"], s["cur_wall"])
+            if x_mode == "relative time":
+                x = x - _run_start(gen, run, x)
+        ok = np.isfinite(x)
+        xs.append(x[ok])
+        ys.append(y[ok])
+    return charts.band(xs, ys, buckets)
+
+
+def group_of(run_ids: list[str], how: str, key: str, gen: str) -> dict[str, str]:
+    """run -> group: by a config key's value, or by a regex over the run id (its first group,
+    else the whole match); runs it does not match stay alone."""
+    if how == "config" and key:
+        cfg = configs(gen)
+        vals = dict(cfg.select("run_id", key).iter_rows()) if key in cfg.columns else {}
+        return {r: f"{key}={vals.get(r)}" for r in run_ids}
+    if how == "name" and key:
+        try:
+            pat = re.compile(key)
+        except re.error:
+            return {r: r for r in run_ids}
+        out = {}
+        for r in run_ids:
+            m = pat.search(r)
+            out[r] = (m.group(1) if m.groups() and m.group(1) is not None else m.group(0)) if m else r
+        return out
+    return {r: r for r in run_ids}
 
 
 @st.cache_data(show_spinner="Preparing the export ...")
@@ -174,27 +457,119 @@ def stitched(gen: str, run_id: str, tag: str) -> pl.DataFrame:
     return lineage_graph.stitched(_connection(gen).cursor(), run_id, tag)
 
 
+def stitch_marks(s: pl.DataFrame, edges: pl.DataFrame) -> list[tuple[float, str]]:
+    """Where a stitched curve changes writer: each hop to the next run, and each resume of a
+    run on the path (its writer restarting from a checkpoint)."""
+    marks = []
+    hops = s.group_by("run_id", maintain_order=True).agg(pl.col("step").min())
+    for i, (run, first) in enumerate(hops.iter_rows()):
+        if i:
+            marks.append((float(first), f"continued by {run}"))
+        for step in edges.filter((pl.col("child_run") == run) & (pl.col("parent_run") == run))["parent_step"]:
+            if step is not None:
+                marks.append((float(step), f"{run} resumed @ {step}"))
+    return sorted(marks)
+
+
 def guides_text() -> str:
     """The guides' rule file, as an example to edit."""
     return GUIDES.read_text()
 
 
-@st.cache_data(show_spinner="Replaying the rules over the selected runs ...")
-def run_backtest(gen: str, rules_text: str | None, runs_glob: str | None, horizon: int, lead: int) -> dict:
-    """Backtest results as plain data; errors come back as {"error": message}."""
+def _rules(rules_text: str | None):
+    return rules_from_text(rules_text, "the rule text") if rules_text else None
+
+
+@st.cache_data(show_spinner="Replaying the rules over the labelled runs ...")
+def run_backtest(
+    gen: str, rules_text: str | None, runs_glob: str | None, horizon: int, lead: int, warmup: int = 0
+) -> dict:
+    """Backtest results as plain data, every key the backtest writes to JSON (newer keys
+    included), plus the run counts; errors come back as {"error": message}."""
     try:
-        rules = rules_from_text(rules_text, "the rule text") if rules_text else None
-        res = backtest(store(), rules, runs_glob or None, Settings(horizon=horizon, lead=lead, bootstrap=300))
+        res = backtest(
+            store(),
+            _rules(rules_text),
+            runs_glob or None,
+            Settings(horizon=horizon, lead=lead, warmup=warmup),
+        )
     except WorkbenchError as e:
         return {"error": str(e)}
-    return {"rules": res.rules, "predictors": res.predictors, "unknown": res.unknown_runs, "runs": res.runs}
+    return {**json.loads(res.to_json()), "unknown": res.unknown_runs, "runs": res.runs}
+
+
+@st.cache_data(show_spinner="Replaying the rule over the runs ...")
+def rule_verdicts(
+    gen: str,
+    rules_text: str | None,
+    runs_glob: str | None,
+    horizon: int,
+    lead: int,
+    warmup: int,
+    rule: str,
+    params: str,
+) -> tuple[pl.DataFrame, pl.DataFrame] | str:
+    """Per labelled run, what one rule (at one sweep point) of the backtest did, judged as the
+    backtest judges it: its alarms against [onset - lead, onset + horizon] after warm-up. Also
+    the alarms themselves (to draw them). A message instead when the rule cannot be replayed."""
+    try:
+        pool = _rules(rules_text) or default_rules()
+        point = next(
+            (p for r in pool for p in r.sweep_points() if p.id == rule and p.params_json == params), None
+        )
+        if point is None:
+            return f"rule {rule} {params} is not in this rule set"
+        groups = batches(store(), runs_glob or None)
+        labelled, _ = load_labels(store(), [r for g in groups for r in g])
+        done = replay_batches(store(), [point], groups)[0]
+    except WorkbenchError as e:
+        return str(e)
+    if done.error:
+        return done.error
+    firsts = sql(gen, "SELECT run_id, first_step FROM runs")
+    first_step = dict(firsts.iter_rows())
+    fired = done.alerts.filter(
+        pl.col("step_fired")
+        >= pl.col("run_id").replace_strict(first_step, default=0, return_dtype=pl.Int64) + warmup
+    )
+    rows = []
+    for run, info in sorted(labelled.items()):
+        alarms = sorted(fired.filter(pl.col("run_id") == run)["step_fired"].to_list())
+        rows.append(
+            {
+                "run_id": run,
+                "label": info.outcome,
+                "onset": info.onset,
+                **verdict(info, alarms, horizon, lead),
+            }
+        )
+    for run in sorted(set(done.evaluable) - set(labelled)):
+        rows.append({"run_id": run, "label": "unlabelled", "onset": None, "verdict": "unlabelled"})
+    return pl.DataFrame(rows, infer_schema_length=None), done.alerts
+
+
+def verdict(info, alarms: list[int], horizon: int, lead: int) -> dict:
+    """The backtest's judgement of one run (see detectors/backtest.py): a failed run is detected
+    by an alarm in [onset - lead, onset + horizon]; earlier only is a false alarm, later only is
+    late; a healthy run's alarm is a false alarm."""
+    first = alarms[0] if alarms else None
+    out = {"alarms": len(alarms), "first_alarm": first, "lead": None}
+    if info.outcome == "healthy":
+        return {**out, "verdict": "false alarm" if alarms else "quiet"}
+    if info.onset is None:
+        return {**out, "verdict": "detected" if alarms else "missed"}
+    inside = [a for a in alarms if info.onset - lead <= a <= info.onset + horizon]
+    if inside:
+        return {**out, "verdict": "detected", "lead": info.onset - inside[0]}
+    if any(a < info.onset - lead for a in alarms):
+        return {**out, "verdict": "false alarm (before the window)"}
+    return {**out, "verdict": "late" if alarms else "missed"}
 
 
 def replay_alerts(rules_text: str | None, runs_glob: str | None) -> str:
     """Replay and store the alerts (then the curves show them); returns a summary or the error."""
     try:
-        rules = rules_from_text(rules_text, "the rule text") if rules_text else None
-        result = replay(store(), rules, runs_glob or None)
+        result = replay(store(), _rules(rules_text), runs_glob or None)
     except WorkbenchError as e:
         return f"error: {e}"
     return f"{result.alerts.height} alerts from {len(result.evaluable)} rules over {len(result.runs)} runs stored"
@@ -205,3 +580,9 @@ def no_store_message() -> str:
         f"No store at `{store().root}` yet. Create one with `workbench ingest PATH` "
         "(or set `WORKBENCH_STORE` to an existing store), then reload."
     )
+
+
+def local_offset_ms() -> float:
+    """This machine's UTC offset in ms: wall-time axes show local time (the app runs locally)."""
+    off = datetime.now().astimezone().utcoffset()
+    return off.total_seconds() * 1000 if off else 0.0

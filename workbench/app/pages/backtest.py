@@ -1,35 +1,18 @@
-"""Alerts & backtest: run rules over labelled runs, compare scores and sweeps, drill into runs."""
+"""Alerts & backtest: score rules on labelled runs (shown on arrival, as `workbench backtest`
+prints them), compare sweeps, and see per run what a rule did, judged as the backtest judges it."""
+
+import json
 
 import polars as pl
 import streamlit as st
 
-from workbench.app import PAGE, charts, data
+from workbench.app import PAGE, charts, data, state
 
 st.title("Alerts & backtest")
 gen = data.generation()
 if gen is None:
     st.info(data.no_store_message())
     st.stop()
-
-source = st.radio(
-    "Rules", ["built-in detectors and the guides' rules", "my rules (TOML)"], horizontal=True, key="bt_source"
-)
-rules_text = None
-if source.startswith("my rules"):
-    rules_text = st.text_area("Rule file", data.guides_text(), height=260, key="bt_rules_text")
-c1, c2, c3 = st.columns([2, 1, 1])
-runs_glob = c1.text_input("Runs (glob over run ids; empty = all)", key="bt_runs")
-horizon = c2.number_input("horizon (steps after onset)", 0, 10**9, 100, key="bt_horizon")
-lead = c3.number_input("lead (steps before onset)", 0, 10**9, 500, key="bt_lead")
-b1, b2 = st.columns(2)
-if b1.button("Run backtest", type="primary", key="bt_run"):
-    st.session_state["bt_args"] = (rules_text, runs_glob, int(horizon), int(lead))
-if b2.button("Replay and store the alerts (shown on the curves)", key="bt_replay"):
-    st.session_state["bt_replay_msg"] = data.replay_alerts(rules_text, runs_glob)
-    st.cache_data.clear()
-    gen = data.generation()
-if st.session_state.get("bt_replay_msg"):
-    st.caption(st.session_state["bt_replay_msg"])
 
 labels = data.runs(gen)
 n_labelled = labels.filter(pl.col("label").is_in(["failed", "healthy"])).height
@@ -39,86 +22,162 @@ if n_labelled == 0:
         "`workbench label RUN --outcome failed --onset STEP`. NaN losses and loss-scale floors label themselves."
     )
     st.stop()
-if "bt_args" not in st.session_state:
-    st.info(f"{n_labelled} labelled runs. Press **Run backtest** to score the rules on them.")
-    st.stop()
 
-res = data.run_backtest(gen, *st.session_state["bt_args"])
+PARAMS = [
+    state.Param("bt_runs", "runs", ""),
+    state.Param("bt_horizon", "horizon", 100),
+    state.Param("bt_lead", "lead", 500),
+    state.Param("bt_warmup", "warmup", 0),
+    state.Param("bt_rule", "rule", ""),
+]
+state.restore(PARAMS)
+source = st.radio(
+    "Rules", ["built-in detectors and the guides' rules", "my rules (TOML)"], horizontal=True, key="bt_source"
+)
+rules_text = None
+if source.startswith("my rules"):
+    rules_text = st.text_area("Rule file", data.guides_text(), height=260, key="bt_rules_text")
+c1, c2, c3, c4 = st.columns([2, 1, 1, 1])
+runs_glob = c1.text_input("Runs (glob over run ids; empty = all)", key="bt_runs")
+horizon = c2.number_input("horizon (steps after onset)", 0, 10**9, key="bt_horizon")
+lead = c3.number_input("lead (steps before onset)", 0, 10**9, key="bt_lead")
+warmup = c4.number_input("warm-up (steps ignored at start)", 0, 10**9, key="bt_warmup")
+args = (rules_text, runs_glob, int(horizon), int(lead), int(warmup))
+b1, b2, b3 = st.columns([1, 2, 2])
+if b1.button("Run backtest", type="primary", key="bt_run") or "bt_args" not in st.session_state:
+    st.session_state["bt_args"] = args  # on arrival: the defaults, as `workbench backtest` runs them
+if b2.button("Replay and store the alerts (shown on the curves)", key="bt_replay"):
+    st.session_state["bt_replay_msg"] = data.replay_alerts(rules_text, runs_glob)
+    st.cache_data.clear()
+    gen = data.generation()
+saved = b3.file_uploader(
+    "or open saved results (backtest.json)",
+    type="json",
+    key="bt_saved",
+    help="What `workbench backtest --out DIR` writes, or `--format json > scores.json`.",
+)
+if st.session_state.get("bt_replay_msg"):
+    st.caption(st.session_state["bt_replay_msg"])
+if st.session_state["bt_args"] != args:
+    st.caption("The settings above changed: press **Run backtest** to score with them.")
+
+if saved is not None:
+    res = json.loads(saved.getvalue())
+    st.caption(f"Showing saved results from `{saved.name}`.")
+else:
+    res = data.run_backtest(gen, *st.session_state["bt_args"])
 if "error" in res:
     st.error(res["error"])
     st.stop()
-rules = pl.DataFrame(res["rules"], infer_schema_length=None)
+
+PCT = "%.0f%%"
+ORDER = [  # what a reader compares first, then the rest as the backtest writes it
+    "rule",
+    "params",
+    "recall",
+    "recall_ci_low",
+    "recall_ci_high",
+    "precision",
+    "false_alarms_per_1k",
+    "trigger_rate_failed",
+    "trigger_rate_healthy",
+    "lead_time_median",
+    "first_trigger_mean",
+    "first_trigger_std",
+    "never_fired",
+    "runs_evaluable",
+]
+RATES = {"recall", "recall_ci_low", "recall_ci_high", "precision", "precision_ci_low", "precision_ci_high"}
+RATES |= {"trigger_rate_failed", "trigger_rate_healthy"}
+
+
+def table(rows: list[dict], key: str, first: list[str] = (), pinned: int = 1) -> None:
+    """Rows as a table: rates as percentages (as the CLI prints them), the key columns pinned
+    left, any column a newer backtest adds shown after the known ones."""
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    if df.is_empty():
+        return
+    cols = [c for c in first if c in df.columns] + [c for c in df.columns if c not in first]
+    rates = [c for c in cols if c in RATES or c.endswith(("_rate", "recall", "precision"))]
+    df = df.select(cols).with_columns([(pl.col(c).cast(pl.Float64) * 100) for c in rates])
+    config = {c: st.column_config.NumberColumn(c, format=PCT) for c in rates}
+    for c in cols[:pinned]:
+        config[c] = st.column_config.Column(c, pinned=True)
+    st.dataframe(df, hide_index=True, width="stretch", key=key, column_config=config)
+
+
 r0 = res["rules"][0] if res["rules"] else {}
 st.subheader("Scores")
-st.caption(
-    f"{res['runs']} runs: {r0.get('runs_failed', 0)} failed, {r0.get('runs_healthy', 0)} healthy, "
-    f"{res['unknown']} unlabelled (left out). A failed run is detected when an alarm falls in "
-    f"[onset − lead, onset + horizon]."
-)
-st.dataframe(
-    rules.select(
-        "rule",
-        "params",
-        "runs_evaluable",
-        "trigger_rate_failed",
-        "trigger_rate_healthy",
-        "recall",
-        "recall_ci_low",
-        "recall_ci_high",
-        "precision",
-        "false_alarms_per_1k",
-        "lead_time_median",
-        "first_trigger_mean",
-        "first_trigger_std",
-        "never_fired",
-        "description",
-    ),
-    hide_index=True,
-    width="stretch",
-    key="bt_table",
-)
-swept = rules.group_by("rule").len().filter(pl.col("len") > 1)["rule"].to_list()
+if saved is None:
+    st.caption(
+        f"{res['runs']} runs: {r0.get('runs_failed', 0)} failed, {r0.get('runs_healthy', 0)} healthy, "
+        f"{res['unknown']} unlabelled (left out). A failed run is detected when an alarm falls in "
+        f"[onset − lead, onset + horizon]; rates in %, intervals are 95 % bootstrap over runs."
+    )
+table(res["rules"], "bt_table", ORDER, pinned=2)
+swept = sorted({r["rule"] for r in res["rules"] if sum(x["rule"] == r["rule"] for x in res["rules"]) > 1})
 if swept:
     st.subheader("Threshold sweeps: recall vs false alarms")
     st.plotly_chart(
         charts.sweep_figure([r for r in res["rules"] if r["rule"] in swept]), key="bt_sweep", width="stretch"
     )
 st.subheader("Convergence predictors")
-st.dataframe(
-    pl.DataFrame(res["predictors"], infer_schema_length=None), hide_index=True, width="stretch", key="bt_pred"
-)
+table(res.get("predictors", []), "bt_pred", ["predictor", "calls", "calls_true", "precision"])
+for name, value in res.items():  # keys a newer backtest writes (e.g. per failure kind), shown as they come
+    if name in ("rules", "predictors", "unknown", "runs") or not value:
+        continue
+    st.subheader(name.replace("_", " ").capitalize())
+    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        table(value, f"bt_extra_{name}", ["rule"])
+    elif isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
+        table([{"": k, **v} for k, v in value.items()], f"bt_extra_{name}", [""])
+    else:
+        st.json(value, expanded=False)
 
-st.subheader("Where a rule fired or missed")
-alerts = data.alerts(gen, tuple(labels["run_id"].to_list()))
-if alerts.is_empty():
-    st.info("No stored alerts yet: press **Replay and store the alerts** above.")
+if saved is not None:
     st.stop()
-rule = st.selectbox("Rule", sorted(alerts["rule"].unique().to_list()), key="bt_rule")
-first = (
-    alerts.filter(pl.col("rule") == rule)
-    .group_by("run_id")
-    .agg(first_alarm=pl.col("step_fired").min(), alarms=pl.len())
-)
-table = (
-    labels.select("run_id", "label", "onset", "failure")
-    .join(first, on="run_id", how="left")
-    .with_columns(
-        verdict=pl.when(pl.col("label") == "healthy")
-        .then(pl.when(pl.col("alarms").is_null()).then(pl.lit("quiet")).otherwise(pl.lit("false alarm")))
-        .when(pl.col("label") == "failed")
-        .then(pl.when(pl.col("alarms").is_null()).then(pl.lit("missed")).otherwise(pl.lit("fired")))
-        .otherwise(pl.lit("unlabelled"))
-    )
+st.subheader("Where a rule fired or missed")
+points = [(r["rule"], r["params"]) for r in res["rules"]]
+names = [f"{r} {p}" if sum(x[0] == r for x in points) > 1 else r for r, p in points]
+state.keep_only("bt_rule", names)
+if not st.session_state.get("bt_rule"):
+    st.session_state["bt_rule"] = names[0]
+name = st.selectbox("Rule", names, key="bt_rule")
+state.publish(PARAMS)
+rule, params = points[names.index(name)]
+out = data.rule_verdicts(gen, *st.session_state["bt_args"], rule, params)
+if isinstance(out, str):
+    st.info(out)
+    st.stop()
+verdicts, alarms = out
+b_rules, b_settings = st.session_state["bt_args"][0], st.session_state["bt_args"][2:]
+st.caption(
+    f"Replayed `{name}` over the backtest's runs; a failed run's alarm counts in "
+    f"[onset − {b_settings[1]}, onset + {b_settings[0]}] after a warm-up of {b_settings[2]} steps."
 )
 event = st.dataframe(
-    table,
+    verdicts,
     hide_index=True,
     width="stretch",
     on_select="rerun",
     selection_mode="multi-row",
     key="bt_runs_table",
+    column_config={"run_id": st.column_config.Column("run", pinned=True)},
 )
-picked = [table["run_id"][i] for i in event.selection.rows] if event and event.selection else []
-if picked and st.button(f"Show {len(picked)} run(s) on the curves", key="bt_open_curves"):
-    st.session_state[data.SELECTED] = picked
-    st.switch_page(PAGE["curves"].path)
+picked = [verdicts["run_id"][i] for i in event.selection.rows] if event and event.selection else []
+fired = verdicts.filter(pl.col("alarms") > 0)["run_id"].to_list()
+target = picked or fired
+label = (
+    f"Show {len(picked)} selected run(s) on the curves"
+    if picked
+    else f"Show the {len(fired)} run(s) where it fired on the curves"
+)
+if target and st.button(label, key="bt_open_curves"):
+    st.session_state[data.SELECTED] = target
+    st.session_state["bt_overlay"] = {
+        "rule": rule,
+        "alerts": alarms.filter(pl.col("run_id").is_in(target)).with_columns(
+            rule=pl.lit(f"{name} (backtest)")
+        ),
+    }
+    st.switch_page(PAGE["curves"].path, query_params={"run": target})

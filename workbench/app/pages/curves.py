@@ -1,10 +1,19 @@
-"""Curves: many runs x tags, TensorBoard smoothing, alerts and events drawn on the curves."""
+"""Curves: many runs x tags as a grid of small charts grouped by tag prefix (TensorBoard's
+layout), TensorBoard smoothing, run groups with mean and band (W&B's), alerts and events on
+each chart's own curve; the whole view is kept in the URL."""
+
+import html
+import re
 
 import numpy as np
 import polars as pl
 import streamlit as st
 
-from workbench.app import charts, data
+from workbench.app import charts, data, state
+
+MAX_CHARTS = 24
+PAGE_WIDTH_PX = 1300  # the wide layout's plot area at a 1440 px window
+PX_PER_BUCKET = 2  # a bucket keeps up to 4 points: 2 px each draws the same line at half the points
 
 st.title("Curves")
 gen = data.generation()
@@ -12,111 +21,354 @@ if gen is None:
     st.info(data.no_store_message())
     st.stop()
 
-all_runs = data.runs(gen)["run_id"].to_list()
-wanted = [r for r in st.session_state.get(data.SELECTED, []) if r in all_runs] or all_runs[:3]
-sel = st.multiselect("Runs", all_runs, default=wanted, key="curves_runs")
+all_runs = list(data.run_starts(gen))
+PARAMS = [
+    state.Param("curves_runs", "run", []),
+    state.Param("curves_tags", "tags", ""),
+    state.Param("curves_smoothing", "smooth", 0.6),
+    state.Param("curves_x", "x", "step"),
+    state.Param("curves_log", "logy", False),
+    state.Param("curves_raw", "raw", True),
+    state.Param("curves_outliers", "outliers", True),
+    state.Param("curves_group", "group", "none"),
+    state.Param("curves_group_key", "by", ""),
+    state.Param("curves_cols", "cols", 2),
+    state.Param("curves_alerts", "alerts", True),
+    state.Param("curves_events", "events", True),
+    state.Param("curves_superseded", "replaced", False),
+    state.Param("curves_live", "live", False),
+]
+if "curves_runs" not in st.session_state and "run" not in st.query_params:
+    # arriving without a link: the runs picked elsewhere in this session (the Runs page), else the first few
+    st.session_state["curves_runs"] = [
+        r for r in st.session_state.get(data.SELECTED, []) if r in all_runs
+    ] or all_runs[:3]
+state.restore(PARAMS)
+state.keep_only("curves_runs", all_runs)
+state.keep_only("curves_x", data.X_MODES)
+
+c1, c2 = st.columns([3, 2])
+sel = c1.multiselect("Runs", all_runs, key="curves_runs")
 st.session_state[data.SELECTED] = sel
+tag_filter = c2.text_input(
+    "Tags (regex; empty: the loss)",
+    key="curves_tags",
+    help="A regular expression over tag names, as TensorBoard's tag filter: `loss|grad_norm`, `^train/`, `.*`",
+)
 if not sel:
+    state.publish(PARAMS)
     st.info("Pick one or more runs (or select rows on the Runs page).")
     st.stop()
+
 tag_df = data.tags(gen, tuple(sel))
 metric_of = dict(tag_df.select("tag", "metric").iter_rows())
-default_tags = tag_df.filter(pl.col("metric") == "loss")["tag"].to_list()[:2] or tag_df["tag"].to_list()[:1]
-chosen = st.multiselect(
-    "Tags",
-    tag_df["tag"].to_list(),
-    default=default_tags,
-    key="curves_tags",
-    format_func=lambda t: t + (f"  ({metric_of[t]})" if metric_of.get(t) else ""),
-)
-c1, c2, c3, c4 = st.columns([2, 2, 1, 1])
-smoothing = c1.slider("Smoothing (TensorBoard EMA)", 0.0, 0.999, 0.6, 0.001, key="curves_smoothing")
-x_mode = c2.radio("x axis", ["step", "relative time (h)", "wall time"], horizontal=True, key="curves_x")
-log_y = c3.checkbox("log y", key="curves_log")
-facet = c4.checkbox("one plot per tag", value=True, key="curves_facet")
-c5, c6, c7, c8 = st.columns(4)
-show_alerts = c5.checkbox("alerts", value=True, key="curves_alerts")
-show_events = c6.checkbox("events (overflow, checkpoint, resume, recovery)", value=True, key="curves_events")
-show_superseded = c7.checkbox("superseded points (before a resume)", key="curves_superseded")
-ignore_outliers = c8.checkbox(
-    "ignore outliers in scaling",
-    value=True,
-    key="curves_outliers",
-    help="As TensorBoard: scale the y axis to the 5th–95th percentile of the curves.",
-)
-if not chosen:
-    st.info("Pick one or more tags.")
-    st.stop()
+if tag_filter:
+    try:
+        pattern = re.compile(tag_filter)
+        chosen = [t for t in tag_df["tag"] if pattern.search(t)]
+    except re.error:
+        st.warning(f"Not a valid regular expression: `{tag_filter}`")
+        chosen = []
+else:
+    chosen = tag_df.filter(pl.col("metric") == "loss")["tag"].to_list()[:2] or tag_df["tag"].to_list()[:1]
 
-series, placed, points = [], {}, 0
-for run in sel:
-    for tag in chosen:
-        d = data.display_curve(gen, run, tag, smoothing, x_mode, show_superseded)
-        if d is None:
+with st.expander("Groups, layout, markers, live refresh"):
+    g1, g2, g3 = st.columns([1, 2, 1])
+    group_how = g1.radio("Group runs", ["none", "config", "name"], horizontal=True, key="curves_group")
+    if group_how == "config":
+        cfg_keys = [c for c in data.configs(gen).columns if c != "run_id"]
+        state.keep_only("curves_group_key", cfg_keys)
+        group_key = g2.selectbox("by config key", cfg_keys, key="curves_group_key", placeholder="no configs")
+    elif group_how == "name":
+        group_key = g2.text_input(
+            "by run name (regex; its first group names the group)",
+            key="curves_group_key",
+            placeholder="(.*)_seed",
+        )
+    else:
+        group_key = ""
+    cols = g3.selectbox("Charts per row", [1, 2, 3], key="curves_cols")
+    m1, m2, m3, m4 = st.columns(4)
+    show_alerts = m1.checkbox("alerts", key="curves_alerts")
+    show_events = m2.checkbox("events (overflow, checkpoint, resume, recovery)", key="curves_events")
+    show_replaced = m3.checkbox(
+        "points replaced by a resume",
+        key="curves_superseded",
+        help="Points a resumed writer logged again: the earlier ones, kept in the store and drawn as open circles.",
+    )
+    live = m4.toggle(
+        "Live refresh", key="curves_live", help="Re-read the store every few seconds while it is written."
+    )
+    stored_rules = sorted(data.alerts(gen, tuple(sel))["rule"].unique().to_list())
+    alert_rules = st.multiselect(
+        "Alert rules drawn", stored_rules, default=stored_rules, key="curves_alert_rules"
+    )
+state.live_refresh(gen, live)
+
+
+@st.fragment
+def chart_grid() -> None:
+    """The display controls and the charts: a change here reruns only this part of the page."""
+    c1, c2, c3, c4, c5 = st.columns([3, 3, 1, 1, 1])
+    smoothing = c1.slider("Smoothing (TensorBoard EMA)", 0.0, 0.999, step=0.001, key="curves_smoothing")
+    x_mode = c2.radio("x axis", data.X_MODES, horizontal=True, key="curves_x")
+    log_y = c3.checkbox("log y", key="curves_log")
+    show_raw = c4.checkbox("raw line", key="curves_raw", help="The unsmoothed points, faint behind the line.")
+    outliers = c5.checkbox(
+        "ignore outliers",
+        key="curves_outliers",
+        help="As TensorBoard: scale the y axis to the 5th–95th percentile of the curves.",
+    )
+    state.publish(PARAMS)
+    if not chosen:
+        st.info("No tag matches: try `loss`, `.*` or a prefix such as `^train/`.")
+        return
+    shown_tags = chosen[:MAX_CHARTS]
+    if len(chosen) > MAX_CHARTS:
+        st.caption(
+            f"Showing the first {MAX_CHARTS} of {len(chosen)} matching tags: narrow the regex for the rest."
+        )
+
+    groups = data.group_of(sel, group_how, group_key, gen)
+    keys = list(dict.fromkeys(groups[r] for r in sel))
+    styles = charts.line_styles(keys)
+    ncols = min(cols, len(shown_tags))  # one chart takes the whole width
+    buckets = PAGE_WIDTH_PX // ncols // PX_PER_BUCKET
+    alerts = _alerts(show_alerts)
+    events = data.events(gen, tuple(sel)) if show_events else pl.DataFrame()
+    st.html(_colour_key(keys, styles))
+
+    data.prefetch(gen, [(run, tag) for tag in shown_tags for run in sel])
+    curves = {  # tag -> run -> its line on that chart
+        tag: {
+            run: d
+            for run in sel
+            if (d := data.display_curve(gen, run, tag, smoothing, x_mode, show_replaced, buckets))
+        }
+        for tag in shown_tags
+    }
+    drawn = {tag: {r: d for r, d in cs.items() if "smooth_x" in d} for tag, cs in curves.items()}
+    unit, size = charts.time_unit(max((d["span"] for cs in drawn.values() for d in cs.values()), default=0.0))
+    scale = {
+        "step": None,
+        "relative time": lambda v: v / size,
+        "wall time": lambda v: v * 1000 + data.local_offset_ms(),  # plotly dates: ms, shown as given
+    }[x_mode]
+    x_title = {"step": "step", "relative time": f"relative time ({unit})", "wall time": "wall time (local)"}
+    figures = {}
+    for tag, cs in drawn.items():
+        if len(keys) < len(sel):
+            lines = _group_lines(tag, cs, keys, groups, styles, smoothing, x_mode, buckets)
+        else:
+            lines = [
+                {**d, "name": run, "color": styles[run][0], "dash": styles[run][1]} for run, d in cs.items()
+            ]
+        if not lines:
             continue
-        series.append({"run_id": run, "tag": tag, "curve": d["curve"]})
-        placed.setdefault(run, d)  # events and alerts sit on the run's first curve
-        points += d["points"]
-if not series:
-    st.info("No points for these runs and tags.")
-    st.stop()
-if x_mode != "step" and not any(d["has_time"] for d in placed.values()):
-    st.warning("These logs carry no wall times: plotting by step.")
+        marks_a = _alerts_on(alerts, tag, metric_of.get(tag), cs, styles, groups)
+        marks_e = _events_on(events, cs, styles, groups)
+        if scale is not None:  # lines and markers alike: this chart's units
+            lines = [_rescale(ln, scale) for ln in lines]
+            for m in (*marks_a, *marks_e):
+                m.update({k: scale(m[k]) for k in ("x", "x0", "x1") if m.get(k) is not None})
+        metric = metric_of.get(tag)
+        figures[tag] = charts.curve_figure(
+            tag + (f"  ({metric})" if metric and metric != tag else ""),
+            lines,
+            smoothing=smoothing,
+            log_y=log_y,
+            x_title=x_title[x_mode],
+            x_is_date=x_mode == "wall time",
+            alerts=marks_a,
+            events=marks_e,
+            ignore_outliers=outliers,
+            show_raw=show_raw and len(keys) == len(sel),
+            height=420 if ncols == 1 else 330,
+        )
+
+    timed = {r for cs in drawn.values() for r in cs}
+    lost = [r for r in sel if r not in timed and any(r in cs for cs in curves.values())]
+    if lost and x_mode != "step":
+        st.warning(
+            f"Not drawn on a time axis: {', '.join(lost)}. No source of "
+            f"{'this run' if len(lost) == 1 else 'these runs'} logged a wall time for these steps; "
+            "choose x = step to see them."
+        )
+    for prefix, tags_in in _sections(list(figures)):
+        if prefix:
+            st.markdown(f"**{html.escape(prefix)}/**")
+        for i in range(0, len(tags_in), ncols):
+            for col, tag in zip(st.columns(ncols), tags_in[i : i + ncols], strict=False):
+                col.plotly_chart(figures[tag], key=f"curves_chart_{tag}", width="stretch")
+    st.caption(_notes(curves, timed, buckets, x_mode, show_replaced))
 
 
-def place(run, step):
-    d = placed[run]
-    ok = np.isfinite(d["place_y"])
-    y = float(np.interp(step, d["place_steps"][ok], d["place_y"][ok])) if ok.any() else None
-    if np.issubdtype(d["place_x"].dtype, np.datetime64):
-        return np.datetime64(int(np.interp(step, d["place_steps"], d["place_x"].astype(np.int64))), "ms"), y
-    return float(np.interp(step, d["place_steps"], d["place_x"])), y
+def _notes(curves: dict, timed: set, buckets: int, x_mode: str, show_replaced: bool) -> str:
+    """What the charts leave out or take from elsewhere, in numbers."""
+    ds = [(run, d) for cs in curves.values() for run, d in cs.items()]
+    total = {k: sum(d[k] for _, d in ds) for k in ("points", "replaced", "duplicates", "borrowed_times")}
+    notes = [
+        f"{total['points']:,} points; each line keeps the first, min, max and last point of each of "
+        f"{buckets} buckets ({PX_PER_BUCKET} pixels each), so spikes and NaN markers survive; "
+        "smoothing runs on the full series."
+    ]
+    if total["replaced"]:
+        shown = "shown as open circles" if show_replaced else "hidden"
+        notes.append(f"{total['replaced']:,} points replaced by a resume ({shown}).")
+    if total["duplicates"]:
+        notes.append(
+            f"{total['duplicates']:,} points are the same step logged by another source of the run; "
+            "each step is drawn once."
+        )
+    if x_mode != "step" and total["borrowed_times"]:
+        notes.append(
+            f"{total['borrowed_times']:,} points take their wall time from another source that logged the step."
+        )
+    partly = {}
+    for run, d in ds:
+        if x_mode != "step" and d["untimed"] and run in timed:
+            partly[run] = partly.get(run, 0) + d["untimed"]
+    if partly:
+        notes.append(
+            "Left out for want of a wall time: "
+            + ", ".join(f"{n:,} points of {r}" for r, n in partly.items())
+            + "."
+        )
+    return " ".join(notes)
 
 
-alerts, events = [], []
-stored = data.alerts(gen, tuple(sel))
-if show_alerts and not stored.is_empty():
-    rule_names = sorted(stored["rule"].unique().to_list())
-    picked_rules = st.multiselect("Alert rules", rule_names, default=rule_names, key="curves_alert_rules")
-    for a in stored.filter(pl.col("rule").is_in(picked_rules)).iter_rows(named=True):
-        if a["run_id"] in placed:
-            xf, yf = place(a["run_id"], a["step_fired"])
-            alerts.append(
+def _sections(tags: list[str]) -> list[tuple[str, list[str]]]:
+    """Tags grouped by their prefix (the part before the first '/'), in order of appearance."""
+    out: dict[str, list[str]] = {}
+    for t in tags:
+        out.setdefault(t.split("/", 1)[0] if "/" in t else "", []).append(t)
+    return list(out.items())
+
+
+def _group_lines(tag, curves, keys, groups, styles, smoothing, x_mode, buckets) -> list[dict]:
+    lines = []
+    for key in keys:
+        members = tuple(r for r in curves if groups[r] == key)
+        b = data.group_band(gen, members, tag, smoothing, x_mode, buckets) if members else None
+        if b is not None:
+            color, dash = styles[key]
+            name = f"{key} ({len(members)} run{'s' if len(members) > 1 else ''})"
+            lines.append(
                 {
-                    **a,
-                    "x_start": place(a["run_id"], a["step_start"])[0],
-                    "x_fired": xf,
-                    "x_end": place(a["run_id"], a["step_end"])[0],
-                    "y": yf,
+                    "name": name,
+                    "color": color,
+                    "dash": dash,
+                    "smooth_x": b["x"],
+                    "smooth_y": b["mean"],
+                    "band": b,
                 }
             )
-if show_events:
-    for e in data.events(gen, tuple(sel)).iter_rows(named=True):
-        if e["run_id"] in placed:
-            x, y = place(e["run_id"], e["step"])
-            events.append({**e, "x": x, "y": y})
-fig = charts.curves_figure(
-    series,
-    smoothing=smoothing,
-    log_y=log_y,
-    x_title=x_mode,
-    facet=facet,
-    alerts=alerts,
-    events=events,
-    ignore_outliers=ignore_outliers,
-)
-st.plotly_chart(fig, key="curves_chart", width="stretch")
-st.caption(
-    f"{points:,} points; display keeps the first, min, max and last point of each of 2000 buckets per curve "
-    f"(spikes and NaN markers survive); smoothing runs on the full series. {len(alerts)} alerts, {len(events)} events shown."
-)
+    return lines
+
+
+def _alerts(show: bool) -> pl.DataFrame:
+    """The stored alerts of the rules picked; with the alarms a backtest judged (when the user
+    came from there) in place of the stored ones of that rule."""
+    if not show:
+        return pl.DataFrame()
+    alerts = data.alerts(gen, tuple(sel)).filter(pl.col("rule").is_in(alert_rules))
+    overlay = st.session_state.get("bt_overlay")
+    if overlay is None:
+        return alerts
+    o1, o2 = st.columns([4, 1])
+    o1.caption(f"Drawing the alarms of `{overlay['rule']}` as the backtest judged them (marked “backtest”).")
+    if o2.button("Hide them", key="curves_hide_overlay"):
+        del st.session_state["bt_overlay"]
+        return alerts
+    alerts = alerts.filter(pl.col("rule") != overlay["rule"])
+    return (
+        pl.concat([alerts, overlay["alerts"]], how="diagonal_relaxed")
+        if not alerts.is_empty()
+        else overlay["alerts"]
+    )
+
+
+def _colour_key(keys: list[str], styles: dict) -> str:
+    items = " ".join(
+        f'<span style="white-space:nowrap;margin-right:14px"><span style="color:{styles[k][0]};font-weight:900">'
+        f"━━</span> {html.escape(k)}</span>"
+        for k in keys
+    )
+    return f'<div style="font-size:0.9rem;line-height:1.8">{items}</div>'
+
+
+def _rescale(line: dict, scale) -> dict:
+    out = dict(line)
+    for k in ("raw_x", "smooth_x", "nan_x", "sup_x"):
+        if k in out and out[k] is not None:
+            out[k] = scale(np.asarray(out[k], np.float64))
+    if out.get("band") is not None:
+        out["band"] = {**out["band"], "x": scale(np.asarray(out["band"]["x"], np.float64))}
+    return out
+
+
+def _alerts_on(
+    alerts: pl.DataFrame, tag: str, metric, curves: dict, styles: dict, groups: dict
+) -> list[dict]:
+    """An alert sits on each chart of its run (or only on its tag's, when the rule names one)."""
+    out = []
+    if alerts.is_empty():
+        return out
+    live = "source" in alerts.columns
+    for a in alerts.iter_rows(named=True):
+        d = curves.get(a["run_id"])
+        if d is None or (a.get("tag") and a["tag"] not in (tag, metric)):
+            continue
+        x, y = data.place(d, a["step_fired"])
+        if x is None:
+            continue
+        out.append(
+            {
+                "x": x,
+                "y": y,
+                "x0": data.place(d, a["step_start"])[0],
+                "x1": data.place(d, a["step_end"])[0],
+                "rule": a["rule"],
+                "run": a["run_id"],
+                "message": (a.get("message") or "")
+                + (f" · raised {a['raised_at']}" if a.get("raised_at") else ""),
+                "color": styles[groups[a["run_id"]]][0],
+                "live": live and a.get("source") == "live",
+            }
+        )
+    return out
+
+
+def _events_on(events: pl.DataFrame, curves: dict, styles: dict, groups: dict) -> list[dict]:
+    out = []
+    for e in events.iter_rows(named=True) if not events.is_empty() else ():
+        d = curves.get(e["run_id"])
+        if d is None:
+            continue
+        x, y = data.place(d, e["step"])
+        if x is not None:
+            out.append(
+                {
+                    "x": x,
+                    "y": y,
+                    "kind": e["kind"],
+                    "run": e["run_id"],
+                    "message": e["message"],
+                    "color": styles[groups[e["run_id"]]][0],
+                }
+            )
+    return out
+
+
+chart_grid()
+
 with st.expander("Export the selection (long format: run_id, tag, step, wall_time, value, superseded)"):
     pairs = tuple((r, t) for r in sel for t in chosen)
     if st.button("Prepare CSV and Parquet", key="curves_export"):
-        c1, c2 = st.columns(2)
-        c1.download_button(
+        e1, e2 = st.columns(2)
+        e1.download_button(
             "Download CSV", data.export(gen, pairs, "csv"), "curves.csv", "text/csv", key="curves_csv"
         )
-        c2.download_button(
+        e2.download_button(
             "Download Parquet", data.export(gen, pairs, "parquet"), "curves.parquet", key="curves_parquet"
         )

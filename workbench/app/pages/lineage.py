@@ -1,9 +1,10 @@
-"""Lineage: which run continued which checkpoint; a series stitched along a lineage path."""
+"""Lineage: which run continued which checkpoint (and which resumed itself); a series stitched
+along a lineage path, with a marker where each writer took over."""
 
 import polars as pl
 import streamlit as st
 
-from workbench.app import charts, data
+from workbench.app import charts, data, state
 
 st.title("Lineage")
 gen = data.generation()
@@ -24,20 +25,54 @@ st.plotly_chart(
 st.dataframe(edges, hide_index=True, width="stretch", key="lineage_table")
 
 st.subheader("Stitched curve along a lineage path")
-children = edges.filter(pl.col("child_run") != pl.col("parent_run"))["child_run"].unique().sort().to_list()
-candidates = children or edges["child_run"].unique().sort().to_list()
-c1, c2 = st.columns(2)
+candidates = edges["child_run"].unique().sort().to_list()
+PARAMS = [
+    state.Param("lineage_run", "run", candidates[0]),
+    state.Param("lineage_tag", "tag", "loss"),
+    state.Param("lineage_outliers", "outliers", True),
+]
+state.restore(PARAMS)
+state.keep_only("lineage_run", candidates)
+c1, c2, c3 = st.columns([2, 2, 1])
 run = c1.selectbox("Run (the path goes from its root to it)", candidates, key="lineage_run")
-tag = c2.text_input("Tag or metric", "loss", key="lineage_tag")
+tag = c2.text_input("Tag or metric", key="lineage_tag")
+outliers = c3.checkbox(
+    "ignore outliers",
+    key="lineage_outliers",
+    help="Scale the y axis to the 5th–95th percentile, as on Curves.",
+)
+state.publish(PARAMS)
 s = data.stitched(gen, run, tag)
 if s.is_empty():
     st.info(f"No `{tag}` points along this path.")
     st.stop()
-series = [
-    {"run_id": r, "tag": tag, "x": g["step"].to_numpy(), "y": g["value"].to_numpy()}
+hops = s["run_id"].unique(maintain_order=True).to_list()
+styles = charts.line_styles(hops)
+lines = [
+    {
+        **charts.prepare_curve(g["step"].to_numpy(), g["value"].to_numpy(), 0.0),
+        "name": r,
+        "color": styles[r][0],
+        "dash": styles[r][1],
+    }
     for (r,), g in s.group_by("run_id", maintain_order=True)
 ]
+marks = data.stitch_marks(s, edges)
 st.plotly_chart(
-    charts.curves_figure(series, smoothing=0.0, facet=False), key="lineage_stitched", width="stretch"
+    charts.curve_figure(
+        f"{tag} of {run}" if len(hops) == 1 else f"{tag} from {hops[0]} to {run}",
+        lines,
+        smoothing=0.0,
+        vlines=marks,
+        ignore_outliers=outliers,
+        legend_lines=True,
+        height=440,
+    ),
+    key="lineage_stitched",
+    width="stretch",
 )
-st.caption(f"{s.height} points, no step twice; each colour is one run on the path.")
+resumes = edges.filter((pl.col("child_run") == pl.col("parent_run")) & pl.col("child_run").is_in(hops)).height
+st.caption(
+    f"{s.height} points, no step twice; each colour is one run on the path; dashed lines mark where "
+    f"a writer took over ({len(hops) - 1} continuation(s) by another run, {resumes} resume(s) from a checkpoint)."
+)
