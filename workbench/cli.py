@@ -83,8 +83,34 @@ def main():
     """
 
 
+def _executor_options(f):
+    f = click.option(
+        "--address",
+        default=None,
+        metavar="ADDR",
+        help="With --executor ray: the cluster to join (default: $RAY_ADDRESS, else a local one).",
+    )(f)
+    return click.option(
+        "--executor",
+        "executor_name",
+        type=click.Choice(["local", "ray"]),
+        default="local",
+        show_default=True,
+        help="Where per-run work runs: here, or as Ray tasks (pip install -e '.[ray]').",
+    )(f)
+
+
+def _executor(name, address):
+    """None for the local default (the library's own in-process path); Ray only when asked for."""
+    from workbench.executor import make_executor
+
+    if name == "local" and not address:
+        return None
+    return make_executor(name, address)
+
+
 @main.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, metavar="PATHS...")
 @_store_option
 @click.option("--strict", is_flag=True, help="Exit non-zero when any file or record had a problem.")
 @click.option("--no-crc", is_flag=True, help="Skip TensorBoard CRC checks (faster; damage goes unnoticed).")
@@ -103,24 +129,34 @@ def main():
     help="How long to wait for another ingest writing to the same store.",
 )
 def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s):
-    """Read every log under PATHS into the store, incrementally.
+    """Read every log under PATHS (folders, files, or object-storage URLs) into the store,
+    incrementally.
 
     A run is a folder holding log files; its id is its path relative to PATH. Unchanged files
     are not re-read, grown files are read from where the last ingest stopped, and damaged
     records are skipped and reported with their byte offset. Exits 0 when problems were only
     per file or record, 1 with --strict if there were any, 2 when nothing could be read.
+    An s3:// (gs://, az://, any fsspec) URL is mirrored into the store, fetching only what
+    changed (pip install -e '.[s3]'; credentials and endpoint as fsspec takes them, e.g.
+    $FSSPEC_S3_ENDPOINT_URL).
 
     \b
     Example:
       workbench ingest ./runs --store .workbench
+      workbench ingest s3://lab-logs/pretrain --store .workbench
       workbench sql "SELECT * FROM problems"
     """
     from ingest.pipeline import ingest as run_ingest
     from ingest.pipeline import print_report
+    from ingest.source import resolve
 
+    st = _store(store)
+    paths, synced = resolve(list(paths), st.root)
+    for s in synced:
+        err.print(escape(s.line()), highlight=False)
     report = run_ingest(
-        list(paths),
-        _store(store),
+        paths,
+        st,
         check_crc=not no_crc,
         hash_checkpoints=hash_checkpoints,
         wait_s=wait_s,

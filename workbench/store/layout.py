@@ -11,6 +11,8 @@ events/<run-key>/eN.parquet    events of one chunk
 catalog.duckdb                 views for the duckdb CLI, rebuilt (temp + rename) on each commit
 CATALOG                        the generation catalog.duckdb reads (kept while it does)
 lock                           held by the one process that may write
+lake/files/<scheme>/<bucket>/  the mirror of object-storage prefixes ingested by URL (ingest/source.py)
+lake/manifest/<url-hash>.json  each object's ETag, size and mtime at its last sync
 
 An empty marker (a store written before format versions, or one not yet published) is format 1.
 """
@@ -50,6 +52,11 @@ def store_path(explicit: str | os.PathLike | None = None) -> Path:
 
 def is_store(folder: Path) -> bool:
     return (folder / MARKER).is_file()
+
+
+def lake_dir(root: Path) -> Path:
+    """Where ingests of object-storage URLs keep their mirror and its manifest."""
+    return root / "lake"
 
 
 def run_key(run_id: str) -> str:
