@@ -1,6 +1,7 @@
 """The layers, as ARCHITECTURE.md draws them: imports only go down, and nothing goes in a circle.
 
-ground: workbench.errors, workbench.store.*      (format-blind: no ingest, no detectors)
+ground: workbench.errors, workbench.store.*,     (format-blind: no ingest, no detectors)
+        workbench.executor, workbench.ray_executor (where per-run work runs)
 middle: ingest.*  |  detectors.*                  (side by side: neither imports the other)
 faces:  workbench.cli, workbench.render, workbench.watch, workbench.notify, workbench.app.*, app.py
 """
@@ -52,8 +53,11 @@ def _imports(module: str) -> set[str]:
     return found
 
 
+GROUND = {"workbench.errors", "workbench.executor", "workbench.ray_executor"}
+
+
 def layer(module: str) -> str:
-    if module == "workbench.errors" or module.startswith("workbench.store"):
+    if module in GROUND or module.startswith("workbench.store"):
         return "ground"
     if module.startswith(("ingest", "detectors")):
         return module.split(".")[0]

@@ -326,7 +326,8 @@ def rules(rules_file, fmt):
     "--runs", "runs_glob", default=None, metavar="GLOB", help="Only runs whose id matches (e.g. 'sweep_*')."
 )
 @_store_option
-def replay(rules_file, runs_glob, store):
+@_executor_options
+def replay(rules_file, runs_glob, store, executor_name, address):
     """Replay rules over stored runs as they would have fired live; store the alerts.
 
     Each rule runs at its own parameters ([rule.params]); `workbench backtest` also sweeps.
@@ -341,7 +342,7 @@ def replay(rules_file, runs_glob, store):
     from detectors.replay import replay as run_replay
     from workbench import render
 
-    result = run_replay(_store(store), _load_rules(rules_file), runs_glob)
+    result = run_replay(_store(store), _load_rules(rules_file), runs_glob, _executor(executor_name, address))
     render.replay_summary(result.summary(), result, err)
 
 
@@ -421,6 +422,7 @@ def replay(rules_file, runs_glob, store):
 )
 @_store_option
 @_format_option
+@_executor_options
 def backtest(
     rules_file,
     runs_glob,
@@ -436,6 +438,8 @@ def backtest(
     out_dir,
     store,
     fmt,
+    executor_name,
+    address,
 ):
     """Score rules (and each point of their sweeps) and convergence predictors on labelled runs.
 
@@ -468,6 +472,7 @@ def backtest(
         budget=budget,
         folds=folds,
         holdout_glob=holdout_glob,
+        executor=_executor(executor_name, address),
     )
     if out_dir:
         result.write(out_dir)
