@@ -20,6 +20,7 @@ An empty marker (a store written before format versions, or one not yet publishe
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -255,6 +256,23 @@ def fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sync_filesystem(root: Path) -> None:
+    """Flush every file written under `root` to disk at once (Linux `syncfs`; `sync` elsewhere):
+    parts are written without an fsync each (10k small runs would pay 10k of them), and this
+    runs before a generation that lists them is published."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            if libc.syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        pass
+    os.sync()
 
 
 def fsync_dir(path: Path) -> None:

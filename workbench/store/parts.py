@@ -1,7 +1,8 @@
 """Writing one chunk's Parquet parts: a function of the store folder alone, so that any process
 (the writer's background thread, an ingest worker, a Ray task) writes them the same way.
 
-A part is written to a temporary name, fsynced and renamed into place; it stays invisible until
+A part is written to a temporary name and renamed into place (the writer flushes the file system
+once before it publishes a generation: `layout.sync_filesystem`); it stays invisible until
 a generation lists its chunk (`parts` rows carry its size and sha256), and a writer collects the
 parts no generation lists (a killed ingest's).
 """
@@ -21,7 +22,6 @@ from workbench.store.points import Points, order_and_supersede
 
 def publish(kind: str, chunk_id: int, rows: int, tmp: Path, part: Path) -> dict:
     """Rename a written part into place; its `parts` row (size and sha256 as written)."""
-    layout.fsync_file(tmp)
     row = {
         "chunk_id": chunk_id,
         "kind": kind,

@@ -23,11 +23,11 @@ import polars as pl
 
 import workbench.store.integrity as integrity
 import workbench.store.layout as layout
-import workbench.store.parts as parts
+import workbench.store.parts as parts_mod
 import workbench.store.schema as schema
 from workbench.errors import StoreError
 from workbench.store.points import Points
-from workbench.store.sql import duckdb_config
+from workbench.store.sql import duckdb_config, glob_literal, literal
 from workbench.store.views import view_statements
 
 CLI_LABEL_ORIGIN = "workbench label"
@@ -51,11 +51,11 @@ def disk_full_is_a_store_error(root: Path):
         ) from None
 
 
-def _deep_merge(base: dict, new: dict) -> dict:
+def deep_merge(base: dict, new: dict) -> dict:
     """`new` over `base`; nested objects merge key by key (results.train beside results.all)."""
     out = dict(base)
     for k, v in new.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -69,6 +69,10 @@ def chunk_row(chunk_id: int, run_id: str, path: str, source: str, start: int, en
         "end_offset": end,
         "rows": rows,
     }
+
+
+COMPACT_AT = 256  # own scalar parts in a generation past which a commit merges them into one file
+COMPACT_ROW_GROUP = 1 << 16  # rows per row group of a compacted file: what one-run queries skip by
 
 
 KEYED = {"files": "path", "run_config": "run_id"}  # tables with one row per key
@@ -174,10 +178,10 @@ class StoreWriter:
         self.add_rows("parts", [part])
 
     def _write_events(self, run_id: str, chunk_id: int, frame: pl.DataFrame) -> tuple[None, dict]:
-        return None, parts.write_events(self.root, run_id, chunk_id, frame)
+        return None, parts_mod.write_events(self.root, run_id, chunk_id, frame)
 
     def _write_part(self, run_id: str, chunk_id: int, points: Points) -> tuple[dict, dict]:
-        return parts.write_scalars(self.root, run_id, chunk_id, points)
+        return parts_mod.write_scalars(self.root, run_id, chunk_id, points)
 
     def _flush_parts(self) -> None:
         while self._pending:
@@ -310,7 +314,7 @@ class StoreWriter:
         )
 
     def set_run_config(self, run_id: str, config: dict) -> None:
-        merged = _deep_merge(self.run_config(run_id), config)
+        merged = deep_merge(self.run_config(run_id), config)
         self._upsert("run_config", {"run_id": run_id, "config": json.dumps(merged, sort_keys=True)})
 
     def run_config(self, run_id: str) -> dict:
@@ -333,6 +337,48 @@ class StoreWriter:
     def file_row(self, path: str) -> dict | None:
         return self._lookup("files", path)
 
+    def compact(self, everything: bool = False) -> int:
+        """Merge the chunks' own small scalar parts (`everything`: and the compacted files, less
+        the rows of chunks dropped since) into one file sorted by run, tag and step, so that a
+        query for one run reads a few row groups instead of opening thousands of files. Only
+        the `parts` rows change (and only at commit do readers see them); the old files become
+        garbage for a later writer. Returns how many parts were merged."""
+        self._flush_parts()
+        parts = self.table("parts")
+        mine = (pl.col("kind") == "scalars") & (pl.lit(True) if everything else pl.col("file").is_null())
+        todo = parts.filter(mine).join(self.table("chunks").select("chunk_id", "run_id"), on="chunk_id")
+        files = sorted(
+            set(layout.part_files(self.root, todo["kind"], todo["run_id"], todo["chunk_id"], todo["file"]))
+        )
+        if len(files) < 2:
+            return 0
+        out = layout.compacted_part(self.root, self.generation + 1)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        con = duckdb.connect(":memory:", config=duckdb_config())
+        try:
+            live = todo.select("chunk_id").to_arrow()  # noqa: F841 - read by the SQL below
+            listed = ", ".join(glob_literal(f) for f in files)
+            con.execute(
+                f"COPY (SELECT p.* FROM read_parquet([{listed}]) p SEMI JOIN live USING (chunk_id) "
+                f"ORDER BY run_id, tag, step, chunk_id) TO {literal(str(tmp))} "
+                f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {COMPACT_ROW_GROUP})"
+            )
+        finally:
+            con.close()
+        row = parts_mod.publish("scalars", 0, 0, tmp, out)
+        merged = pl.col("chunk_id").is_in(todo["chunk_id"].implode()) & (pl.col("kind") == "scalars")
+        rel = str(out.relative_to(self.root))
+        update = {"file": pl.lit(rel), "size": pl.lit(row["size"]), "sha256": pl.lit(row["sha256"])}
+        self.tables["parts"] = self.tables["parts"].with_columns(
+            **{c: pl.when(merged).then(v).otherwise(pl.col(c)) for c, v in update.items()}
+        )
+        self._new["parts"] = [
+            d.with_columns(**{c: pl.when(merged).then(v).otherwise(pl.col(c)) for c, v in update.items()})
+            for d in self._new["parts"]
+        ]
+        return len(files)
+
     def commit(self, derive: dict[str, Derive] | None = None, catalog: bool = True) -> Path:
         """Publish everything staged as a new generation; returns its directory.
 
@@ -351,6 +397,14 @@ class StoreWriter:
         try:
             with disk_full_is_a_store_error(self.root):
                 self._flush_parts()
+                if (
+                    self.table("parts")
+                    .filter(pl.col("file").is_null() & (pl.col("kind") == "scalars"))
+                    .height
+                    >= COMPACT_AT
+                ):
+                    self.compact()
+                layout.sync_filesystem(self.root)  # the parts it lists are on disk before it is
                 meta.mkdir(exist_ok=True)
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir()
