@@ -215,6 +215,32 @@ def check(repair, store, wait_s):
 
 
 @main.command()
+@_store_option
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for an ingest writing to the same store.",
+)
+def compact(store, wait_s):
+    """Merge every scalar part of the store, and the compacted files, into one file sorted by
+    run, tag and step (rows of dropped chunks left out), so that a query for one run reads a
+    few row groups. Ingest compacts by itself past a number of small parts; this also sheds
+    the rows that re-ingests left behind in compacted files.
+
+    \b
+    Example:
+      workbench compact --store .workbench
+    """
+    s = _store(store)
+    merged = s.compact(wait_s=wait_s)
+    err.print(f"compacted {merged} Parquet files into one", highlight=False)
+
+
+@main.command()
 @click.argument("query")
 @_store_option
 @_format_option

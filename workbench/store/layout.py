@@ -8,6 +8,8 @@ meta/gNNNNNNNN/*.parquet       one immutable generation: files, chunks, chunk_ta
 meta/gNNNNNNNN/MANIFEST.json   size and sha256 of each of its tables
 scalars/<run-key>/cN.parquet   points of one chunk (a batch of one source file), zstd
 events/<run-key>/eN.parquet    events of one chunk
+scalars/_compacted/kN.parquet  the points of many chunks, merged by compaction and sorted by
+                               run, tag and step so that DuckDB skips the row groups of other runs
 catalog.duckdb                 views for the duckdb CLI, rebuilt (temp + rename) on each commit
 CATALOG                        the generation catalog.duckdb reads (kept while it does)
 lock                           held by the one process that may write
@@ -20,6 +22,7 @@ An empty marker (a store written before format versions, or one not yet publishe
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -40,9 +43,10 @@ MARKER_TEXT = f"training-log-workbench store, format {FORMAT_VERSION}\n"
 MANIFEST = "MANIFEST.json"
 GENERATION = re.compile(r"g\d{8}")
 PART_NAME = {
-    "scalars": re.compile(r"c(\d+)\.parquet(\.tmp)?"),
+    "scalars": re.compile(r"[ck](\d+)\.parquet(\.tmp)?"),
     "events": re.compile(r"e(\d+)\.parquet(\.tmp)?"),
 }
+COMPACTED = "_compacted"  # run keys always end in -<hash>, so no run's folder has this name
 
 
 def store_path(explicit: str | os.PathLike | None = None) -> Path:
@@ -73,12 +77,20 @@ def event_part(root: Path, run_id: str, chunk_id: int) -> Path:
     return root / "events" / run_key(run_id) / f"e{chunk_id}.parquet"
 
 
-def part_files(root: Path, kinds, run_ids, chunk_ids) -> list[str]:
+def compacted_part(root: Path, number: int) -> Path:
+    return root / "scalars" / COMPACTED / f"k{number}.parquet"
+
+
+def part_files(root: Path, kinds, run_ids, chunk_ids, files=None) -> list[str]:
     """The paths of many parts as strings, as `scalar_part` and `event_part` name them (one run
-    key per run)."""
+    key per run); `files`: the store-relative file of parts compacted into a shared one."""
     folders: dict[tuple[str, str], str] = {}
     out = []
-    for kind, run_id, chunk_id in zip(kinds, run_ids, chunk_ids, strict=True):
+    files = files if files is not None else [None] * len(chunk_ids)
+    for kind, run_id, chunk_id, file in zip(kinds, run_ids, chunk_ids, files, strict=True):
+        if file is not None:
+            out.append(f"{root}/{file}")
+            continue
         folder = folders.get((kind, run_id))
         if folder is None:
             folder = folders[kind, run_id] = str(root / kind / run_key(run_id))
@@ -251,6 +263,23 @@ def fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sync_filesystem(root: Path) -> None:
+    """Flush every file written under `root` to disk at once (Linux `syncfs`; `sync` elsewhere):
+    parts are written without an fsync each (10k small runs would pay 10k of them), and this
+    runs before a generation that lists them is published."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            if libc.syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        pass
+    os.sync()
 
 
 def fsync_dir(path: Path) -> None:

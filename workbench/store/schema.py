@@ -66,7 +66,9 @@ PARTS = {
     "kind": pl.String,  # scalars | events
     "rows": pl.Int64,
     "size": pl.Int64,
-    "sha256": pl.String,
+    "sha256": pl.String,  # size and sha256 are the file's (a compacted file's: shared by its chunks)
+    # null: the chunk's own part; else the compacted file (store-relative) that holds its rows
+    "file": pl.String,
 }
 PART_KINDS = ("scalars", "events")
 

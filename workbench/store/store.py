@@ -85,6 +85,14 @@ class Store:
             )
             w.commit()
 
+    def compact(self, wait_s: float = 60.0) -> int:
+        """`workbench compact`: every scalar part merged into one file (see StoreWriter.compact)."""
+        with self.writer(wait_s=wait_s) as w:
+            merged = w.compact(everything=True)
+            if merged:
+                w.commit()
+        return merged
+
     @contextlib.contextmanager
     def writer(self, wait_s: float = 60.0) -> Iterator[StoreWriter]:
         """The one writer of this store (other processes wait up to `wait_s`, then fail)."""

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
 import pyarrow.parquet as pq
 
 import workbench.store.aliases as aliases
+import workbench.store.integrity as integrity
 import workbench.store.schema as schema
 from workbench.store.sql import duck_type, empty_select, glob_literal
 
@@ -41,13 +43,24 @@ def _parts_sql(folder: Path, pattern: str, sch: dict, select: str) -> str:
     return empty_select(sch)
 
 
+def _scalar_parts_sql(root: Path, gen: Path) -> str:
+    """The scalar parts this generation lists, by name (no folder listing; a compacted file once),
+    less the rows of chunks dropped since they were compacted."""
+    parts = integrity.expected_parts(root, integrity.read_tables(gen))
+    files = parts.filter(pl.col("kind") == "scalars")["file"].unique(maintain_order=True).to_list()
+    if not files:
+        return empty_select(schema.SCALAR_PART)
+    listed = ", ".join(glob_literal(f) for f in files)
+    return f"SELECT p.* FROM read_parquet([{listed}]) p SEMI JOIN _chunks c ON c.chunk_id = p.chunk_id"
+
+
 def view_statements(root: Path, gen: Path) -> list[str]:
     """CREATE VIEW statements for the documented views over one generation."""
     stmts = [
         f"CREATE OR REPLACE VIEW _{t} AS {_meta_sql(gen, t, sch)}"
         for t, sch in {**schema.META_TABLES, **schema.DERIVED_TABLES}.items()
     ]
-    part_sql = _parts_sql(root / "scalars", "*/c*.parquet", schema.SCALAR_PART, "SELECT * FROM {src}")
+    part_sql = _scalar_parts_sql(root, gen)
     event_sql = _parts_sql(
         root / "events",
         "*/e*.parquet",

@@ -1,0 +1,83 @@
+"""Writing one chunk's Parquet parts: a function of the store folder alone, so that any process
+(the writer's background thread, an ingest worker, a Ray task) writes them the same way.
+
+A part is written to a temporary name and renamed into place (the writer flushes the file system
+once before it publishes a generation: `layout.sync_filesystem`); it stays invisible until
+a generation lists its chunk (`parts` rows carry its size and sha256), and a writer collects the
+parts no generation lists (a killed ingest's).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import workbench.store.layout as layout
+from workbench.store.points import Points, order_and_supersede
+
+
+def publish(kind: str, chunk_id: int, rows: int, tmp: Path, part: Path) -> dict:
+    """Rename a written part into place; its `parts` row (size and sha256 as written)."""
+    row = {
+        "chunk_id": chunk_id,
+        "kind": kind,
+        "rows": rows,
+        "size": tmp.stat().st_size,
+        "sha256": layout.sha256_file(tmp),
+        "file": None,
+    }
+    os.replace(tmp, part)
+    return row
+
+
+def write_events(root: Path, run_id: str, chunk_id: int, frame) -> dict:
+    """An events part (`frame`: EVENT_PART columns); its `parts` row."""
+    part = layout.event_part(root, run_id, chunk_id)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    tmp = part.with_name(part.name + ".tmp")
+    frame.write_parquet(tmp, compression="zstd")
+    return publish("events", chunk_id, frame.height, tmp, part)
+
+
+def write_scalars(root: Path, run_id: str, chunk_id: int, points: Points) -> tuple[dict, dict]:
+    """A scalars part; returns its per-tag step ranges (chunk_tags columns) and its parts row."""
+    n = len(points)
+    # dictionary in name order, so parts sort by (tag name, step)
+    by_name = np.argsort(np.array(points.tags, dtype=object))
+    rank = np.empty(len(by_name), np.int32)
+    rank[by_name] = np.arange(len(by_name), dtype=np.int32)
+    sorted_tags = [points.tags[i] for i in by_name]
+    points = Points(sorted_tags, rank[points.tag_code], points.step, points.wall_time, points.value)
+    order, superseded = order_and_supersede(points)
+    codes = points.tag_code[order]
+    steps = points.step[order]
+    table = pa.table(
+        {
+            "run_id": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([run_id])),
+            "chunk_id": pa.array(np.full(n, chunk_id, np.int64)),
+            "tag": pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(sorted_tags, pa.string())),
+            "step": pa.array(steps),
+            "wall_time": pa.array(points.wall_time[order]),
+            "value": pa.array(points.value[order]),
+            "local_superseded": pa.array(superseded[order]),
+        }
+    )
+    part = layout.scalar_part(root, run_id, chunk_id)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    tmp = part.with_name(part.name + ".tmp")
+    pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
+    row = publish("scalars", chunk_id, n, tmp, part)
+    # codes are sorted, so each tag is one contiguous run
+    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    tags = {
+        "chunk_id": np.full(len(starts), chunk_id, np.int64),
+        "tag": [sorted_tags[c] for c in codes[starts]],
+        "points": np.diff(np.r_[starts, n]),
+        "min_step": np.minimum.reduceat(steps, starts),
+        "max_step": np.maximum.reduceat(steps, starts),
+    }
+    return tags, row
