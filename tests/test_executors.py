@@ -4,6 +4,7 @@ through an executor equal the in-process ones, on a local Ray cluster too."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ from conftest import ingest_paths
 
 from detectors.backtest import Settings, backtest
 from detectors.replay import replay
+from ingest.pipeline import ingest
 from workbench.errors import WorkbenchError
 from workbench.executor import LocalExecutor, make_executor
 from workbench.store import Store
@@ -108,3 +110,34 @@ def test_replay_and_backtest_on_ray_equal_the_local_executor(samples, ray_cluste
         backtest(samples, None, None, settings, executor=ray_cluster).to_json()
         == backtest(samples, None, None, settings).to_json()
     )
+
+
+VIEWS = {  # every view a user reads, in a fixed order (file rows without their ingest times)
+    "scalars_all": "SELECT * FROM scalars_all ORDER BY ALL",
+    "events": "SELECT * FROM events ORDER BY ALL",
+    "runs": "SELECT * EXCLUDE (ingested_at) FROM runs ORDER BY run_id",
+    "file_tags": "SELECT * FROM file_tags ORDER BY ALL",
+    "agreement": "SELECT * FROM agreement ORDER BY ALL",
+    "checkpoints": "SELECT * FROM checkpoints ORDER BY ALL",
+    "chunks": "SELECT * FROM _chunks ORDER BY chunk_id",
+    "files": "SELECT * EXCLUDE (ingested_at, mtime) FROM files ORDER BY path",
+    "problems": 'SELECT * FROM problems ORDER BY path, "offset", kind',
+    "evidence": "SELECT * FROM _evidence ORDER BY ALL",
+    "lineage": "SELECT * FROM lineage ORDER BY ALL",
+    "labels": "SELECT * FROM labels ORDER BY ALL",
+}
+
+
+@pytest.mark.slow
+def test_ingest_on_ray_equals_the_local_executor(tmp_path, ray_cluster):
+    runs = tmp_path / "runs"
+    for name in ("healthy_seed0", "resumed_after_kill", "keras_csvlogger_appended", "trl_sft_console"):
+        shutil.copytree(SAMPLES / name, runs / name)
+    local, on_ray = Store(tmp_path / "local"), Store(tmp_path / "ray")
+    want = ingest([runs], local, executor=LocalExecutor(1))
+    got = ingest([runs], on_ray, executor=ray_cluster)
+    assert got.points == want.points > 0 and got.runs == want.runs
+    assert [(p, x) for p, x in got.problems] == [(p, x) for p, x in want.problems]
+    a, b = local.connect(), on_ray.connect()
+    for name, sql in VIEWS.items():
+        assert b.sql(sql).pl().equals(a.sql(sql).pl()), name

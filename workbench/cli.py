@@ -101,7 +101,8 @@ def _executor_options(f):
 
 
 def _executor(name, address):
-    """None for the local default (the library's own in-process path); Ray only when asked for."""
+    """None for the local default (the library picks in-process or a process per core); Ray
+    only when asked for."""
     from workbench.executor import make_executor
 
     if name == "local" and not address:
@@ -128,7 +129,8 @@ def _executor(name, address):
     metavar="SECONDS",
     help="How long to wait for another ingest writing to the same store.",
 )
-def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s):
+@_executor_options
+def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s, executor_name, address):
     """Read every log under PATHS (folders, files, or object-storage URLs) into the store,
     incrementally.
 
@@ -161,6 +163,7 @@ def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s):
         hash_checkpoints=hash_checkpoints,
         wait_s=wait_s,
         console=err,
+        executor=_executor(executor_name, address),
     )
     print_report(report, err)
     if report.log_files == 0:
