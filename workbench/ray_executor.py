@@ -40,6 +40,7 @@ class RayExecutor:
     of `workers` CPUs started for this process)."""
 
     name = "ray"
+    batch_size: int | None = None  # items per task; None: about TASKS_PER_WORKER tasks per worker
 
     def __init__(self, address: str | None = None, workers: int | None = None):
         ray = self.ray = _import_ray()
@@ -56,7 +57,7 @@ class RayExecutor:
         items = list(items)
         if not items:
             return
-        size = max(1, math.ceil(len(items) / (self.workers * TASKS_PER_WORKER)))
+        size = self.batch_size or max(1, math.ceil(len(items) / (self.workers * TASKS_PER_WORKER)))
         fn_ref = self.ray.put(fn)
         refs = [self._remote.remote(fn_ref, items[i : i + size]) for i in range(0, len(items), size)]
         done = 0
