@@ -1,6 +1,6 @@
 """The layers, as ARCHITECTURE.md draws them: imports only go down, and nothing goes in a circle.
 
-ground: workbench.errors, workbench.store.*      (format-blind: no ingest, no detectors)
+ground: workbench.errors, workbench.executor, workbench.store.*  (format-blind: no ingest, no detectors)
 middle: ingest.*  |  detectors.*                  (side by side: neither imports the other)
 faces:  workbench.cli, workbench.render, workbench.watch, workbench.notify, workbench.app.*, app.py
 """
@@ -53,7 +53,7 @@ def _imports(module: str) -> set[str]:
 
 
 def layer(module: str) -> str:
-    if module == "workbench.errors" or module.startswith("workbench.store"):
+    if module in ("workbench.errors", "workbench.executor") or module.startswith("workbench.store"):
         return "ground"
     if module.startswith(("ingest", "detectors")):
         return module.split(".")[0]
