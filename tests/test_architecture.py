@@ -53,7 +53,10 @@ def _imports(module: str) -> set[str]:
 
 
 def layer(module: str) -> str:
-    if module in ("workbench.errors", "workbench.executor") or module.startswith("workbench.store"):
+    # the executors map a function over items and import nothing of the layers (Ray only when asked)
+    # (and the bare `workbench` package, which imports nothing)
+    executors = ("workbench", "workbench.executor", "workbench.ray_executor")
+    if module == "workbench.errors" or module in executors or module.startswith("workbench.store"):
         return "ground"
     if module.startswith(("ingest", "detectors")):
         return module.split(".")[0]
