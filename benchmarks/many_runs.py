@@ -39,8 +39,13 @@ def write_jsonl(folder: Path, seed: int, lines: int = LINES) -> int:
         loss *= 0.999
         out.append(
             json.dumps(
-                {"step": step, "loss": round(loss + rng.gauss(0, 0.01), 6), "learning_rate": 3e-4 * min(1, step / 50),
-                 "grad_norm": round(abs(rng.gauss(1, 0.2)), 5), "epoch": round(step / lines, 4)}
+                {
+                    "step": step,
+                    "loss": round(loss + rng.gauss(0, 0.01), 6),
+                    "learning_rate": 3e-4 * min(1, step / 50),
+                    "grad_norm": round(abs(rng.gauss(1, 0.2)), 5),
+                    "epoch": round(step / lines, 4),
+                }
             )
         )
     (folder / "metrics.jsonl").write_text("\n".join(out) + "\n")
@@ -80,7 +85,12 @@ def write_tb(folder: Path, seed: int, steps: int = 200) -> int:
     return 2 * steps
 
 
-WRITERS = {"jsonl": write_jsonl, "keras_csv": write_keras_csv, "monitor_csv": write_monitor_csv, "tb": write_tb}
+WRITERS = {
+    "jsonl": write_jsonl,
+    "keras_csv": write_keras_csv,
+    "monitor_csv": write_monitor_csv,
+    "tb": write_tb,
+}
 
 
 def make_runs(root: Path, n: int, kinds: list[str]) -> int:
@@ -108,8 +118,8 @@ def bare_loop(root: Path) -> float:
 
 def timed_cli(store: Path, *args: str) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "workbench.cli", *args, "--store", str(store)], check=True,
-                   capture_output=True)
+    exe = Path(sys.executable).with_name("workbench")  # the installed command, as users start it
+    subprocess.run([str(exe), *args, "--store", str(store)], check=True, capture_output=True)
     return time.perf_counter() - t0
 
 
@@ -121,7 +131,7 @@ def one(n: int, kinds: list[str], workers: int | None, tmp: Path) -> dict:
     runs, store_dir = tmp / f"runs{n}", tmp / f"store{n}"
     shutil.rmtree(runs, ignore_errors=True)
     shutil.rmtree(store_dir, ignore_errors=True)
-    points = make_runs(runs, n, kinds)
+    make_runs(runs, n, kinds)
     bare = bare_loop(runs)
     store = Store(store_dir)
     ex = LocalExecutor(workers) if workers else None
@@ -133,7 +143,7 @@ def one(n: int, kinds: list[str], workers: int | None, tmp: Path) -> dict:
     con = store.connect()
     open_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    got = con.sql(f"SELECT count(*) FROM scalars WHERE run_id = 'run{n // 2:05d}'").fetchone()[0]
+    got = con.sql(f"SELECT count(*) FROM scalars WHERE run_id = 'run{n // 2:05d}'").fetchall()[0][0]
     query_s = time.perf_counter() - t0
     con.close()
     assert got > 0
@@ -146,9 +156,16 @@ def one(n: int, kinds: list[str], workers: int | None, tmp: Path) -> dict:
     again = ingest([runs], store)
     incr_s = time.perf_counter() - t0
     return {
-        "runs": n, "points": report.points, "ingest_s": took, "bare_s": bare,
-        "open_s": open_s, "query_s": query_s, "incremental_s": incr_s, "incr_files_read": again.files_read,
-        "sql_select1_s": timed_cli(store_dir, "sql", "select 1"), "cli_runs_s": timed_cli(store_dir, "runs"),
+        "runs": n,
+        "points": report.points,
+        "ingest_s": took,
+        "bare_s": bare,
+        "open_s": open_s,
+        "query_s": query_s,
+        "incremental_s": incr_s,
+        "incr_files_read": again.files_read,
+        "sql_select1_s": timed_cli(store_dir, "sql", "select 1"),
+        "cli_runs_s": timed_cli(store_dir, "runs"),
     }
 
 
@@ -157,7 +174,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--quick", action="store_true", help="1k JSONL runs and a 100-run mix of every format")
     ap.add_argument("--kinds", nargs="+", default=["jsonl"], choices=sorted(WRITERS))
-    ap.add_argument("--workers", type=int, default=None, help="ingest processes (default: chosen by the work)")
+    ap.add_argument(
+        "--workers", type=int, default=None, help="ingest processes (default: chosen by the work)"
+    )
     ap.add_argument("--tmp", default=None)
     args = ap.parse_args()
     sizes = [1000] if args.quick else args.runs
@@ -176,10 +195,14 @@ def main() -> None:
         )
     if len(rows) > 1:
         a, b = rows[0], rows[-1]
-        print(f"time ratio {b['runs']}/{a['runs']} runs: {b['ingest_s'] / a['ingest_s']:.1f}x "
-              f"for {b['runs'] / a['runs']:.0f}x the runs (linear <= {1.2 * b['runs'] / a['runs']:.0f}x)")
-    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (this process), "
-          f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB (largest worker)")
+        print(
+            f"time ratio {b['runs']}/{a['runs']} runs: {b['ingest_s'] / a['ingest_s']:.1f}x "
+            f"for {b['runs'] / a['runs']:.0f}x the runs (linear <= {1.2 * b['runs'] / a['runs']:.0f}x)"
+        )
+    print(
+        f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (this process), "
+        f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB (largest worker)"
+    )
     if not args.tmp:
         shutil.rmtree(tmp, ignore_errors=True)
 
