@@ -42,7 +42,8 @@ MAX_INFLIGHT = 64  # objects fetched concurrently in one call
 @dataclass
 class SyncReport:
     url: str
-    mirror: Path
+    mirror: Path  # the mirror of the prefix (of the object's folder for a URL naming one object)
+    path: Path  # what to ingest: the mirror, or the one object's copy in it
     objects: int = 0
     unchanged: int = 0
     fetched: int = 0  # whole
@@ -50,6 +51,14 @@ class SyncReport:
     removed: int = 0
     bytes: int = 0
     seconds: float = 0.0
+
+    def url_of(self, path: str) -> str:
+        """The object URL of a path in the mirror (other paths as they are)."""
+        base = str(self.mirror)
+        if path == base or path.startswith(base + "/"):
+            prefix = self.url.rstrip("/") if self.path == self.mirror else self.url.rsplit("/", 1)[0]
+            return prefix + path[len(base) :]
+        return path
 
     def line(self) -> str:
         return (
@@ -79,10 +88,17 @@ def resolve(args: list[str], store_root: Path, storage_options: dict | None = No
         if is_url(arg):
             report = sync(arg, store_root, storage_options)
             reports.append(report)
-            paths.append(report.mirror)
+            paths.append(report.path)
         else:
             paths.append(local_path(arg))
     return paths, reports
+
+
+def as_urls(report, synced: list[SyncReport]) -> None:
+    """Name the mirrored files of an ingest report's problems and notes by their object URLs."""
+    for s in synced:
+        report.problems = [(s.url_of(p), x) for p, x in report.problems]
+        report.notes = [(s.url_of(p), n) for p, n in report.notes]
 
 
 def appendable(key: str) -> bool:
@@ -98,13 +114,19 @@ def sync(url: str, store_root: Path, storage_options: dict | None = None) -> Syn
     base = lake_dir(store_root)
     mirror = base / "files" / protocol / root.strip("/")
     manifest_path = base / "manifest" / f"{hashlib.sha1(url.rstrip('/').encode()).hexdigest()[:16]}.json"
-    report = SyncReport(url, mirror)
     try:
         listing = fs.find(root, detail=True)
     except FileNotFoundError:
         listing = {}
     except OSError as e:
         raise WorkbenchError(f"cannot list {url}: {e}") from None
+    path = mirror
+    single = listing.get(root.rstrip("/"))
+    if single is not None and single.get("type") == "file":  # the URL names one object
+        root, name = root.rstrip("/").rsplit("/", 1)
+        listing = {f"{root}/{name}": single}
+        mirror = mirror.parent
+    report = SyncReport(url, mirror, path)
     objects = {
         k[len(root.rstrip("/")) + 1 :]: info
         for k, info in listing.items()
@@ -146,9 +168,9 @@ def sync(url: str, store_root: Path, storage_options: dict | None = None) -> Syn
                 (mirror / rel).unlink()
                 report.removed += 1
         for rel in whole + [rel for rel, _ in grown]:
-            if now[rel]["mtime"] is not None and (mirror / rel).exists():
-                ns = int(now[rel]["mtime"] * 1e9)
-                os.utime(mirror / rel, ns=(ns, ns))  # what the pipeline's manifest and is_settled see
+            if (mirror / rel).exists():  # what the pipeline's manifest and is_settled see
+                ns = _mtime_ns(now[rel])
+                os.utime(mirror / rel, ns=(ns, ns))
         manifest_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = manifest_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(now, sort_keys=True))
@@ -247,6 +269,18 @@ def _mtime(info: dict) -> float | None:
             with contextlib.suppress(ValueError):
                 return datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp()
     return None
+
+
+def _mtime_ns(entry: dict) -> int:
+    """The copy's mtime: the object's. Stores that keep whole seconds (S3) get a fraction from
+    the ETag, so that an object rewritten at the same size within the same second still looks
+    changed to the pipeline's size-and-mtime manifest."""
+    if entry["mtime"] is None:
+        return time.time_ns()
+    ns = int(entry["mtime"] * 1e9)
+    if ns % 1_000_000_000 == 0 and entry["etag"]:
+        ns += int(hashlib.sha1(entry["etag"].encode()).hexdigest()[:8], 16) % 1_000_000_000
+    return ns
 
 
 def _size(path: Path) -> int | None:

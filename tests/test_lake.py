@@ -183,8 +183,38 @@ def test_a_rewritten_object_is_fetched_whole_and_a_deleted_one_removed(bucket, l
     assert synced.fetched == 1 and synced.appended == 0 and synced.removed > 0
     assert (synced.mirror / "keras_csvlogger_appended" / "training.log").read_bytes() == log.read_bytes()
     assert "keras_csvlogger_appended" in report.reread
+    from ingest.source import as_urls
+
+    as_urls(report, [synced])  # what the CLI prints: the object, not its copy
+    assert [p for p, x in report.problems if x.kind == "rewritten"] == [
+        f"{url}/keras_csvlogger_appended/training.log"
+    ]
     # a vanished object's run keeps its stored points, as a deleted local file's
     assert q(store, "SELECT count(*) AS n FROM scalars WHERE run_id = 'trl_sft_console'")["n"][0] > 0
+
+
+def test_a_same_size_rewrite_and_a_single_object_url(bucket, lake, tmp_path):
+    from workbench.store import Store
+
+    name, fs, opts = bucket
+    _upload(fs, lake / "keras_csvlogger_appended", f"{name}/lake/keras_csvlogger_appended")
+    store = Store(tmp_path / "store")
+    _ingest_url(store, f"s3://{name}/lake", opts)
+    log = lake / "keras_csvlogger_appended" / "training.log"
+    text = log.read_bytes()
+    i = text.index(b"0.", text.index(b"\n"))
+    log.write_bytes(text[:i] + b"1." + text[i + 2 :])  # same size, new bytes, maybe the same second
+    fs.put_file(str(log), f"{name}/lake/keras_csvlogger_appended/training.log")
+    report, synced = _ingest_url(store, f"s3://{name}/lake", opts)
+    assert (synced.fetched, report.files_read) == (1, 1)
+    fresh = Store(tmp_path / "fresh")
+    ingest_paths(fresh, lake / "keras_csvlogger_appended")
+    assert q(store, POINTS).equals(q(fresh, POINTS))
+
+    one = Store(tmp_path / "one")  # a URL naming one object ingests that file, as a local path does
+    report, synced = _ingest_url(one, f"s3://{name}/lake/keras_csvlogger_appended/training.log", opts)
+    assert synced.objects == 1 and synced.path.name == "training.log" and report.files_read == 1
+    assert q(one, POINTS).equals(q(fresh, POINTS))
 
 
 def test_cli_ingests_a_bucket(bucket, lake, tmp_path, s3_server):

@@ -150,7 +150,7 @@ def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s, executor_name
     """
     from ingest.pipeline import ingest as run_ingest
     from ingest.pipeline import print_report
-    from ingest.source import resolve
+    from ingest.source import as_urls, resolve
 
     st = _store(store)
     paths, synced = resolve(list(paths), st.root)
@@ -165,6 +165,7 @@ def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s, executor_name
         console=err,
         executor=_executor(executor_name, address),
     )
+    as_urls(report, synced)
     print_report(report, err)
     if report.log_files == 0:
         raise NotFoundError(
