@@ -19,6 +19,18 @@ import pyarrow.parquet as pq
 import workbench.store.layout as layout
 from workbench.store.points import Points, order_and_supersede
 
+# Min/max statistics only for the columns queries select by. Parquet leaves NaN out of a float
+# column's min/max, and DuckDB prunes row groups by them: `isnan(value)` (or `value > x`, NaN
+# sorting last) would skip every row group whose NaNs the statistics do not show.
+STATISTICS = ["run_id", "chunk_id", "tag", "step", "local_superseded"]
+
+
+def write_table(table: pa.Table, path: Path, row_group_size: int = 1 << 20) -> None:
+    """A scalars table as Parquet the way every scalar part and compacted file is written."""
+    pq.write_table(
+        table, path, compression="zstd", row_group_size=row_group_size, write_statistics=STATISTICS
+    )
+
 
 def publish(kind: str, chunk_id: int, rows: int, tmp: Path, part: Path) -> dict:
     """Rename a written part into place; its `parts` row (size and sha256 as written)."""
@@ -32,6 +44,13 @@ def publish(kind: str, chunk_id: int, rows: int, tmp: Path, part: Path) -> dict:
     }
     os.replace(tmp, part)
     return row
+
+
+def write_batches(batches: pa.RecordBatchReader, path: Path, row_group_size: int) -> None:
+    """Scalar rows streamed from a query (compaction), one row group per `row_group_size` rows."""
+    with pq.ParquetWriter(path, batches.schema, compression="zstd", write_statistics=STATISTICS) as w:
+        for batch in batches:
+            w.write_batch(batch, row_group_size=row_group_size)
 
 
 def write_events(root: Path, run_id: str, chunk_id: int, frame) -> dict:
@@ -69,7 +88,7 @@ def write_scalars(root: Path, run_id: str, chunk_id: int, points: Points) -> tup
     part = layout.scalar_part(root, run_id, chunk_id)
     part.parent.mkdir(parents=True, exist_ok=True)
     tmp = part.with_name(part.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
+    write_table(table, tmp)
     row = publish("scalars", chunk_id, n, tmp, part)
     # codes are sorted, so each tag is one contiguous run
     starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])

@@ -27,7 +27,7 @@ import workbench.store.parts as parts_mod
 import workbench.store.schema as schema
 from workbench.errors import StoreError
 from workbench.store.points import Points
-from workbench.store.sql import duckdb_config, glob_literal, literal
+from workbench.store.sql import duckdb_config, glob_literal
 from workbench.store.views import view_statements
 
 CLI_LABEL_ORIGIN = "workbench label"
@@ -104,7 +104,9 @@ class StoreWriter:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet")
         self._pending: list = []
         self.derive_errors: dict[str, str] = {}  # derived table -> why the last one was kept
-        self._collect_garbage()
+        # above every chunk a kept generation lists (a reader may still be on the previous one,
+        # whose dropped chunks' parts must not be overwritten by new ones of the same name)
+        self.next_chunk_id = max(self.next_chunk_id, self._collect_garbage() + 1)
 
     # Everything is keyed by source path: a rewritten or moved file is dropped whole, then re-read.
     def drop_file(self, path: str) -> None:
@@ -359,11 +361,11 @@ class StoreWriter:
         try:
             live = todo.select("chunk_id").to_arrow()  # noqa: F841 - read by the SQL below
             listed = ", ".join(glob_literal(f) for f in files)
-            con.execute(
-                f"COPY (SELECT p.* FROM read_parquet([{listed}]) p SEMI JOIN live USING (chunk_id) "
-                f"ORDER BY run_id, tag, step, chunk_id) TO {literal(str(tmp))} "
-                f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {COMPACT_ROW_GROUP})"
-            )
+            batches = con.sql(
+                f"SELECT p.* FROM read_parquet([{listed}]) p SEMI JOIN live USING (chunk_id) "
+                "ORDER BY run_id, tag, step, chunk_id"
+            ).to_arrow_reader(COMPACT_ROW_GROUP)
+            parts_mod.write_batches(batches, tmp, COMPACT_ROW_GROUP)
         finally:
             con.close()
         row = parts_mod.publish("scalars", 0, 0, tmp, out)
@@ -488,10 +490,11 @@ class StoreWriter:
                 f"view of it) could not be written ({e}); the next ingest writes it again"
             ) from None
 
-    def _collect_garbage(self) -> None:
+    def _collect_garbage(self) -> int:
         """Remove what no live generation refers to: unpublished generations (killed writers),
         old ones, and parts no kept generation lists. Only what is proven unreferenced goes: a
-        kept generation that cannot be read keeps every part, a file not named like a part stays."""
+        kept generation that cannot be read keeps every part, a file not named like a part stays.
+        Returns the highest chunk id a kept generation lists (0 for none)."""
         meta = self.root / "meta"
         if meta.is_dir():
             for p in meta.iterdir():
@@ -512,11 +515,13 @@ class StoreWriter:
             if g not in keep:
                 shutil.rmtree(g, ignore_errors=True)
         live: set[Path] = set()
+        highest = 0
         for g in keep:
             try:
                 tables = {t: layout.read_meta(t, g) for t in ("chunks", "parts")}
             except Exception:  # noqa: BLE001 - unreadable: which parts it lists is unknown
-                return
+                return highest
+            highest = max(highest, int(tables["chunks"]["chunk_id"].max() or 0))
             live.update(map(Path, integrity.expected_parts(self.root, tables)["file"]))
             chunks = tables["chunks"].filter(~pl.col("chunk_id").is_in(tables["parts"]["chunk_id"].implode()))
             for kind in schema.PART_KINDS:  # chunks written before `parts`: their parts by name
@@ -529,3 +534,4 @@ class StoreWriter:
                 for part in (self.root / kind).glob("*/*"):
                     if layout.PART_NAME[kind].fullmatch(part.name) and part not in live:
                         part.unlink(missing_ok=True)
+        return highest
