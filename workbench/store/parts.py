@@ -23,6 +23,7 @@ from workbench.store.points import Points, order_and_supersede
 # column's min/max, and DuckDB prunes row groups by them: `isnan(value)` (or `value > x`, NaN
 # sorting last) would skip every row group whose NaNs the statistics do not show.
 STATISTICS = ["run_id", "chunk_id", "tag", "step", "local_superseded"]
+SHARED_ROW_GROUP = 1 << 16  # rows per row group of a file of many runs: what one-run queries skip by
 
 
 def write_table(table: pa.Table, path: Path, row_group_size: int = 1 << 20) -> None:
@@ -62,8 +63,9 @@ def write_events(root: Path, run_id: str, chunk_id: int, frame) -> dict:
     return publish("events", chunk_id, frame.height, tmp, part)
 
 
-def write_scalars(root: Path, run_id: str, chunk_id: int, points: Points) -> tuple[dict, dict]:
-    """A scalars part; returns its per-tag step ranges (chunk_tags columns) and its parts row."""
+def scalar_table(run_id: str, chunk_id: int, points: Points) -> tuple[pa.Table, dict]:
+    """A chunk's points as a scalars table sorted by (tag name, step), and its per-tag step
+    ranges (chunk_tags columns)."""
     n = len(points)
     # dictionary in name order, so parts sort by (tag name, step)
     by_name = np.argsort(np.array(points.tags, dtype=object))
@@ -85,11 +87,6 @@ def write_scalars(root: Path, run_id: str, chunk_id: int, points: Points) -> tup
             "local_superseded": pa.array(superseded[order]),
         }
     )
-    part = layout.scalar_part(root, run_id, chunk_id)
-    part.parent.mkdir(parents=True, exist_ok=True)
-    tmp = part.with_name(part.name + ".tmp")
-    write_table(table, tmp)
-    row = publish("scalars", chunk_id, n, tmp, part)
     # codes are sorted, so each tag is one contiguous run
     starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
     tags = {
@@ -99,4 +96,27 @@ def write_scalars(root: Path, run_id: str, chunk_id: int, points: Points) -> tup
         "min_step": np.minimum.reduceat(steps, starts),
         "max_step": np.maximum.reduceat(steps, starts),
     }
-    return tags, row
+    return table, tags
+
+
+def write_scalars(root: Path, run_id: str, chunk_id: int, points: Points) -> tuple[dict, dict]:
+    """A chunk's own scalars part; returns its per-tag step ranges (chunk_tags columns) and its
+    parts row."""
+    table, tags = scalar_table(run_id, chunk_id, points)
+    part = layout.scalar_part(root, run_id, chunk_id)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    tmp = part.with_name(part.name + ".tmp")
+    write_table(table, tmp)
+    return tags, publish("scalars", chunk_id, len(points), tmp, part)
+
+
+def write_shared(root: Path, path: Path, tables: list[tuple[str, int, pa.Table]]) -> list[dict]:
+    """The tables of many small chunks ((run_id, chunk_id, table)) as one file, by run, so that
+    thousands of small runs cost a few files instead of one each; their `parts` rows."""
+    tables = sorted(tables, key=lambda t: t[:2])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    write_table(pa.concat_tables([t for _, _, t in tables]), tmp, SHARED_ROW_GROUP)
+    first = publish("scalars", 0, 0, tmp, path)
+    rel = str(path.relative_to(root))
+    return [{**first, "chunk_id": c, "rows": t.num_rows, "file": rel} for _, c, t in tables]

@@ -72,7 +72,7 @@ def chunk_row(chunk_id: int, run_id: str, path: str, source: str, start: int, en
 
 
 COMPACT_AT = 256  # own scalar parts in a generation past which a commit merges them into one file
-COMPACT_ROW_GROUP = 1 << 16  # rows per row group of a compacted file: what one-run queries skip by
+SHARED_ROWS = 1 << 22  # points of small chunks gathered before they are written as one file
 
 
 KEYED = {"files": "path", "run_config": "run_id"}  # tables with one row per key
@@ -103,6 +103,9 @@ class StoreWriter:
         self.changed_runs: set[str] = set()  # runs whose files were read, dropped or rewritten
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet")
         self._pending: list = []
+        self._shared: list = []  # (run_id, chunk_id, table) of small chunks not yet written
+        self._shared_rows = 0
+        self._shared_files = 0
         self.derive_errors: dict[str, str] = {}  # derived table -> why the last one was kept
         # above every chunk a kept generation lists (a reader may still be on the previous one,
         # whose dropped chunks' parts must not be overwritten by new ones of the same name)
@@ -177,7 +180,7 @@ class StoreWriter:
             tags, part = future.result()
         if tags is not None:
             self._cols["chunk_tags"].append(tags)
-        self.add_rows("parts", [part])
+        self.add_rows("parts", part if isinstance(part, list) else [part])
 
     def _write_events(self, run_id: str, chunk_id: int, frame: pl.DataFrame) -> tuple[None, dict]:
         return None, parts_mod.write_events(self.root, run_id, chunk_id, frame)
@@ -185,18 +188,45 @@ class StoreWriter:
     def _write_part(self, run_id: str, chunk_id: int, points: Points) -> tuple[dict, dict]:
         return parts_mod.write_scalars(self.root, run_id, chunk_id, points)
 
+    def _write_shared(self) -> None:
+        """Write the small chunks gathered so far as one file (on the background thread)."""
+        if not self._shared:
+            return
+        path = self._new_file()
+        tables, self._shared, self._shared_rows = self._shared, [], 0
+        self._pending.append(
+            self._pool.submit(lambda: (None, parts_mod.write_shared(self.root, path, tables)))
+        )
+        while len(self._pending) > 2:
+            self._collect(self._pending.pop(0))
+
+    def _new_file(self) -> Path:
+        """A name for a file of many chunks that no kept generation lists: numbered for the
+        generation this writer publishes next, and its own sequence."""
+        self._shared_files += 1
+        return layout.compacted_part(self.root, self.generation + 1, self._shared_files)
+
     def _flush_parts(self) -> None:
+        self._write_shared()
         while self._pending:
             self._collect(self._pending.pop(0))
 
-    def add_written(self, chunks: list[dict], chunk_tags: list[dict], part_rows: list[dict]) -> None:
+    def add_written(
+        self, chunks: list[dict], chunk_tags: list[dict], part_rows: list[dict], shared: list = ()
+    ) -> None:
         """Stage chunks whose parts another process already wrote (`workbench.store.parts`):
-        their chunks rows, chunk_tags columns (dicts of lists) and parts rows."""
+        their chunks rows, chunk_tags columns (dicts of lists) and parts rows; `shared`: the
+        (run_id, chunk_id, table) of small chunks it left for the writer to write together."""
         if chunks:
             self.next_chunk_id = max(self.next_chunk_id, max(c["chunk_id"] for c in chunks) + 1)
             self.add_rows("chunks", chunks)
         self._cols["chunk_tags"].extend(chunk_tags)
         self.add_rows("parts", part_rows)
+        for item in shared:
+            self._shared.append(item)
+            self._shared_rows += item[2].num_rows
+        if self._shared_rows >= SHARED_ROWS:
+            self._write_shared()
 
     def frame(self, table: str, rows: pl.DataFrame | list[dict]) -> pl.DataFrame:
         """Rows in the table's columns; raises for a value that does not fit (before staging)."""
@@ -354,7 +384,7 @@ class StoreWriter:
         )
         if len(files) < 2:
             return 0
-        out = layout.compacted_part(self.root, self.generation + 1)
+        out = self._new_file()
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".tmp")
         con = duckdb.connect(":memory:", config=duckdb_config())
@@ -364,8 +394,8 @@ class StoreWriter:
             batches = con.sql(
                 f"SELECT p.* FROM read_parquet([{listed}]) p SEMI JOIN live USING (chunk_id) "
                 "ORDER BY run_id, tag, step, chunk_id"
-            ).to_arrow_reader(COMPACT_ROW_GROUP)
-            parts_mod.write_batches(batches, tmp, COMPACT_ROW_GROUP)
+            ).to_arrow_reader(parts_mod.SHARED_ROW_GROUP)
+            parts_mod.write_batches(batches, tmp, parts_mod.SHARED_ROW_GROUP)
         finally:
             con.close()
         row = parts_mod.publish("scalars", 0, 0, tmp, out)
@@ -390,6 +420,14 @@ class StoreWriter:
         `catalog=False` leaves catalog.duckdb on an earlier generation (kept until the next
         catalog is written): for writers that commit every second (a live watch).
         """
+        with disk_full_is_a_store_error(self.root):
+            # before the number moves on: what they write is named for the generation to come
+            self._flush_parts()
+            if (
+                self.table("parts").filter(pl.col("file").is_null() & (pl.col("kind") == "scalars")).height
+                >= COMPACT_AT
+            ):
+                self.compact()
         self.generation += 1
         name = f"g{self.generation:08d}"
         meta = self.root / "meta"
@@ -398,14 +436,6 @@ class StoreWriter:
         final, published = meta / name, False
         try:
             with disk_full_is_a_store_error(self.root):
-                self._flush_parts()
-                if (
-                    self.table("parts")
-                    .filter(pl.col("file").is_null() & (pl.col("kind") == "scalars"))
-                    .height
-                    >= COMPACT_AT
-                ):
-                    self.compact()
                 layout.sync_filesystem(self.root)  # the parts it lists are on disk before it is
                 meta.mkdir(exist_ok=True)
                 shutil.rmtree(tmp, ignore_errors=True)
