@@ -12,11 +12,13 @@ real run folders and are skipped.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow.json as pa_json
 
 from ingest.base import Batch, Problem, ReadContext
 from ingest.lines import (
@@ -132,7 +134,7 @@ _DIGITS = r"(?i)[0-9]|nan|inf"  # a string that may be a number as `to_float` re
 
 def block_points(lines: list) -> tuple[Points, int] | None:
     """A block of flat JSON records with an integer step in every record, read at once with
-    polars: its points (in logged order, as `RecordsToPoints.add` would give them) and its last
+    pyarrow: its points (in logged order, as `RecordsToPoints.add` would give them) and its last
     step; None for a block this cannot take as the line path would (nested objects, numbers in
     strings, bare NaN, a record without a step, anything not JSON), read line by line instead."""
     if len(lines) < FAST_MIN_LINES or not all(type(t) is str for t in lines):
@@ -141,8 +143,12 @@ def block_points(lines: list) -> tuple[Points, int] | None:
     n = text.count("\n") + 1
     if text.count("{") != n:  # one flat object a line, nothing nested
         return None
-    try:
-        df = pl.read_ndjson(text.encode(), infer_schema_length=None)
+    if "NaN" in text or "Infinity" in text:  # bare non-finite numbers: the line path's business
+        return None
+    data = text.encode()
+    try:  # one block: types inferred from every record; pyarrow's reader is the faster here
+        opts = pa_json.ReadOptions(use_threads=False, block_size=len(data) + 1)
+        df = pl.from_arrow(pa_json.read_json(io.BytesIO(data), read_options=opts))
     except Exception:  # noqa: BLE001 - anything polars refuses goes the line-by-line way
         return None
     if df.height != n:

@@ -60,6 +60,9 @@ SAMPLES = 65  # ... and samples this many SIG_BYTES windows of bigger ones (firs
 # chunk ids each run's task may use: tasks run anywhere and in any order, and still number their
 # chunks as the same ingest in one process would (2^20 chunks of 8 MiB is more than a run writes)
 CHUNKS_PER_TASK = 1 << 20
+# chunks of fewer points are handed to the writer, which writes many runs' into one file: a
+# Parquet file per small run costs more than its points
+SHARED_BELOW = 1 << 16
 # below this much work, spawning processes costs more than it saves
 PARALLEL_MIN_TASKS = 64
 PARALLEL_MIN_BYTES = 8 << 20
@@ -477,6 +480,7 @@ class FileResult:
     chunks: list[dict] = field(default_factory=list)
     chunk_tags: list[dict] = field(default_factory=list)
     parts: list[dict] = field(default_factory=list)
+    shared: list = field(default_factory=list)  # (run_id, chunk_id, table): small chunks, unwritten
     problems: list[dict] = field(default_factory=list)
     evidence: list[dict] = field(default_factory=list)
     plugins: list[dict] = field(default_factory=list)
@@ -689,7 +693,11 @@ def _stage(
     res.chunk_ids.append((source, chunk_id))
     if events is not None:
         pending.append(pool.submit(lambda: (None, store_parts.write_events(root, run_id, chunk_id, events))))
-    if len(batch.points):
+    if 0 < len(batch.points) < SHARED_BELOW:  # written with other runs' by the writer
+        table, tags = store_parts.scalar_table(run_id, chunk_id, batch.points)
+        res.chunk_tags.append(tags)
+        res.shared.append((run_id, chunk_id, table))
+    elif len(batch.points):
         pending.append(pool.submit(store_parts.write_scalars, root, run_id, chunk_id, batch.points))
     while len(pending) > 2:
         with disk_full_is_a_store_error(root):
@@ -707,7 +715,7 @@ def _apply(w: StoreWriter, results: list[FileResult], report: IngestReport) -> N
         if res.not_read is not None:
             _set_problem(w, report, Path(res.path), res.run_id, "not_read", res.not_read)
             continue
-        w.add_written(res.chunks, res.chunk_tags, res.parts)
+        w.add_written(res.chunks, res.chunk_tags, res.parts, res.shared)
         for table, rows in (("problems", res.problems), ("evidence", res.evidence), ("plugins", res.plugins)):
             w.add_rows(table, rows)
         for config in res.configs:

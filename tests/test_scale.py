@@ -69,6 +69,7 @@ def test_every_executor_stages_the_same_rows(tmp_path):
 def test_compaction_keeps_every_point_and_the_store_whole(tmp_path):
     runs = _runs(tmp_path / "runs")
     store = Store(tmp_path / "s")
+    ingest([runs / "run0", runs / "run1"], store)  # small runs: one file per ingest
     ingest([runs], store)
     before = _tables(store)["scalars_all"]
     assert store.compact() > 1
@@ -141,3 +142,65 @@ def test_vectorised_jsonl_gives_the_line_readers_points(records):
 def test_vectorised_jsonl_leaves_odd_blocks_to_the_line_reader(line):
     lines = [json.dumps({"step": s, "loss": 1.0}) for s in range(100)] + [line]
     assert block_points(lines) is None
+
+
+def _losses(path: Path, values: list[float]) -> None:
+    path.write_text("".join(json.dumps({"step": s, "loss": v}) + "\n" for s, v in enumerate(values, 1)))
+
+
+def _run_facts(store: Store, run: str) -> tuple:
+    con = store.connect()
+    try:
+        status = con.sql(f"SELECT status FROM runs WHERE run_id = '{run}'").fetchall()
+        labels = con.sql(f"SELECT kind FROM labels WHERE run_id = '{run}'").fetchall()
+        nans = con.sql(f"SELECT count(*) FROM scalars WHERE run_id = '{run}' AND isnan(value)").fetchall()
+        rows = con.sql(f"SELECT count(*) FROM _parts WHERE run_id = '{run}'").fetchall()
+        return status[0][0], labels, nans[0][0], rows[0][0]
+    finally:
+        con.close()
+
+
+def test_views_see_only_current_chunks_of_a_compacted_file(tmp_path):
+    """NaN rows in a compacted file are found (no value statistics to prune them by), and once
+    their run is rewritten, nothing of its old rows reaches status, labels or scalars."""
+    runs = tmp_path / "runs"
+    for i in range(3):
+        (runs / f"run{i}").mkdir(parents=True)
+        _losses(runs / f"run{i}" / "metrics.jsonl", [2.0 / s for s in range(1, 40)])
+    _losses(runs / "run1" / "metrics.jsonl", [2.0 / s for s in range(1, 35)] + [float("nan")] * 5)
+    store = Store(tmp_path / "s")
+    ingest([runs], store)  # small runs: their points share one file
+    assert _run_facts(store, "run1") == ("diverged", [("divergence_nan",)], 5, 39)
+    _losses(runs / "run1" / "metrics.jsonl", [1.0 / s for s in range(1, 20)])  # rewritten, healthy
+    report = ingest([runs], store)
+    assert report.files_read == 1
+    assert _run_facts(store, "run1") == ("unknown", [], 0, 19)
+    assert _run_facts(store, "run0") == ("unknown", [], 0, 39)
+    assert store.compact() == 2  # the first file (less run1's old rows) and run1's new one
+    assert _run_facts(store, "run1") == ("unknown", [], 0, 19)
+    assert store.check().ok
+
+
+def test_new_chunks_never_reuse_ids_a_kept_generation_lists(tmp_path):
+    from workbench.store import integrity
+
+    run = tmp_path / "runs" / "run0"
+    run.mkdir(parents=True)
+    _losses(run / "a.jsonl", [1.0, 0.5])
+    _losses(run / "b.jsonl", [3.0, 2.0])  # read last: the highest chunk id
+    store = Store(tmp_path / "s")
+    ingest([run.parent], store)
+    with store.writer() as w:  # as `check --repair` drops a damaged file: the highest id is free
+        w.drop_file(str(run / "b.jsonl"))
+        w.commit()
+    _losses(run / "c.jsonl", [7.0, 6.0])
+    ingest([run.parent], store)
+    gens = sorted((store.root / "meta").glob("g*"))
+    ids = [set(integrity.read_tables(g)["chunks"]["chunk_id"].to_list()) for g in gens]
+    assert len(ids) >= 2 and ids[-1] - ids[-2]  # the newest generation holds a new chunk ...
+    assert not (ids[-1] - ids[-2]) & set().union(*ids[:-1])  # ... with an id no kept one used
+    for g in gens:  # and every part each kept generation lists is as it was written
+        assert (
+            integrity.verify_parts(store.root, integrity.expected_parts(store.root, integrity.read_tables(g)))
+            == []
+        )

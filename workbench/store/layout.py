@@ -8,8 +8,10 @@ meta/gNNNNNNNN/*.parquet       one immutable generation: files, chunks, chunk_ta
 meta/gNNNNNNNN/MANIFEST.json   size and sha256 of each of its tables
 scalars/<run-key>/cN.parquet   points of one chunk (a batch of one source file), zstd
 events/<run-key>/eN.parquet    events of one chunk
-scalars/_compacted/kN.parquet  the points of many chunks, merged by compaction and sorted by
-                               run, tag and step so that DuckDB skips the row groups of other runs
+scalars/_compacted/kN_M.parquet  the points of many chunks, sorted by run so that DuckDB skips
+                               the row groups of other runs: merged by compaction (also sorted by
+                               tag and step), or the small chunks of many runs that one ingest
+                               wrote together (a file per few million points instead of one per run)
 catalog.duckdb                 views for the duckdb CLI, rebuilt (temp + rename) on each commit
 CATALOG                        the generation catalog.duckdb reads (kept while it does)
 lock                           held by the one process that may write
@@ -43,7 +45,7 @@ MARKER_TEXT = f"training-log-workbench store, format {FORMAT_VERSION}\n"
 MANIFEST = "MANIFEST.json"
 GENERATION = re.compile(r"g\d{8}")
 PART_NAME = {
-    "scalars": re.compile(r"[ck](\d+)\.parquet(\.tmp)?"),
+    "scalars": re.compile(r"[ck](\d+)(_\d+)?\.parquet(\.tmp)?"),
     "events": re.compile(r"e(\d+)\.parquet(\.tmp)?"),
 }
 COMPACTED = "_compacted"  # run keys always end in -<hash>, so no run's folder has this name
@@ -77,8 +79,9 @@ def event_part(root: Path, run_id: str, chunk_id: int) -> Path:
     return root / "events" / run_key(run_id) / f"e{chunk_id}.parquet"
 
 
-def compacted_part(root: Path, number: int) -> Path:
-    return root / "scalars" / COMPACTED / f"k{number}.parquet"
+def compacted_part(root: Path, number: int, seq: int) -> Path:
+    """The `seq`th file of many chunks that generation `number` is the first to list."""
+    return root / "scalars" / COMPACTED / f"k{number}_{seq}.parquet"
 
 
 def part_files(root: Path, kinds, run_ids, chunk_ids, files=None) -> list[str]:

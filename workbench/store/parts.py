@@ -19,6 +19,19 @@ import pyarrow.parquet as pq
 import workbench.store.layout as layout
 from workbench.store.points import Points, order_and_supersede
 
+# Min/max statistics only for the columns queries select by. Parquet leaves NaN out of a float
+# column's min/max, and DuckDB prunes row groups by them: `isnan(value)` (or `value > x`, NaN
+# sorting last) would skip every row group whose NaNs the statistics do not show.
+STATISTICS = ["run_id", "chunk_id", "tag", "step", "local_superseded"]
+SHARED_ROW_GROUP = 1 << 16  # rows per row group of a file of many runs: what one-run queries skip by
+
+
+def write_table(table: pa.Table, path: Path, row_group_size: int = 1 << 20) -> None:
+    """A scalars table as Parquet the way every scalar part and compacted file is written."""
+    pq.write_table(
+        table, path, compression="zstd", row_group_size=row_group_size, write_statistics=STATISTICS
+    )
+
 
 def publish(kind: str, chunk_id: int, rows: int, tmp: Path, part: Path) -> dict:
     """Rename a written part into place; its `parts` row (size and sha256 as written)."""
@@ -34,6 +47,13 @@ def publish(kind: str, chunk_id: int, rows: int, tmp: Path, part: Path) -> dict:
     return row
 
 
+def write_batches(batches: pa.RecordBatchReader, path: Path, row_group_size: int) -> None:
+    """Scalar rows streamed from a query (compaction), one row group per `row_group_size` rows."""
+    with pq.ParquetWriter(path, batches.schema, compression="zstd", write_statistics=STATISTICS) as w:
+        for batch in batches:
+            w.write_batch(batch, row_group_size=row_group_size)
+
+
 def write_events(root: Path, run_id: str, chunk_id: int, frame) -> dict:
     """An events part (`frame`: EVENT_PART columns); its `parts` row."""
     part = layout.event_part(root, run_id, chunk_id)
@@ -43,8 +63,9 @@ def write_events(root: Path, run_id: str, chunk_id: int, frame) -> dict:
     return publish("events", chunk_id, frame.height, tmp, part)
 
 
-def write_scalars(root: Path, run_id: str, chunk_id: int, points: Points) -> tuple[dict, dict]:
-    """A scalars part; returns its per-tag step ranges (chunk_tags columns) and its parts row."""
+def scalar_table(run_id: str, chunk_id: int, points: Points) -> tuple[pa.Table, dict]:
+    """A chunk's points as a scalars table sorted by (tag name, step), and its per-tag step
+    ranges (chunk_tags columns)."""
     n = len(points)
     # dictionary in name order, so parts sort by (tag name, step)
     by_name = np.argsort(np.array(points.tags, dtype=object))
@@ -66,11 +87,6 @@ def write_scalars(root: Path, run_id: str, chunk_id: int, points: Points) -> tup
             "local_superseded": pa.array(superseded[order]),
         }
     )
-    part = layout.scalar_part(root, run_id, chunk_id)
-    part.parent.mkdir(parents=True, exist_ok=True)
-    tmp = part.with_name(part.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
-    row = publish("scalars", chunk_id, n, tmp, part)
     # codes are sorted, so each tag is one contiguous run
     starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
     tags = {
@@ -80,4 +96,27 @@ def write_scalars(root: Path, run_id: str, chunk_id: int, points: Points) -> tup
         "min_step": np.minimum.reduceat(steps, starts),
         "max_step": np.maximum.reduceat(steps, starts),
     }
-    return tags, row
+    return table, tags
+
+
+def write_scalars(root: Path, run_id: str, chunk_id: int, points: Points) -> tuple[dict, dict]:
+    """A chunk's own scalars part; returns its per-tag step ranges (chunk_tags columns) and its
+    parts row."""
+    table, tags = scalar_table(run_id, chunk_id, points)
+    part = layout.scalar_part(root, run_id, chunk_id)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    tmp = part.with_name(part.name + ".tmp")
+    write_table(table, tmp)
+    return tags, publish("scalars", chunk_id, len(points), tmp, part)
+
+
+def write_shared(root: Path, path: Path, tables: list[tuple[str, int, pa.Table]]) -> list[dict]:
+    """The tables of many small chunks ((run_id, chunk_id, table)) as one file, by run, so that
+    thousands of small runs cost a few files instead of one each; their `parts` rows."""
+    tables = sorted(tables, key=lambda t: t[:2])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    write_table(pa.concat_tables([t for _, _, t in tables]), tmp, SHARED_ROW_GROUP)
+    first = publish("scalars", 0, 0, tmp, path)
+    rel = str(path.relative_to(root))
+    return [{**first, "chunk_id": c, "rows": t.num_rows, "file": rel} for _, c, t in tables]

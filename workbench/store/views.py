@@ -51,7 +51,7 @@ def _scalar_parts_sql(root: Path, gen: Path) -> str:
     if not files:
         return empty_select(schema.SCALAR_PART)
     listed = ", ".join(glob_literal(f) for f in files)
-    return f"SELECT * FROM read_parquet([{listed}])"
+    return f"SELECT p.* FROM read_parquet([{listed}]) p SEMI JOIN _chunks c ON c.chunk_id = p.chunk_id"
 
 
 def view_statements(root: Path, gen: Path) -> list[str]:

@@ -27,7 +27,7 @@ import workbench.store.parts as parts_mod
 import workbench.store.schema as schema
 from workbench.errors import StoreError
 from workbench.store.points import Points
-from workbench.store.sql import duckdb_config, glob_literal, literal
+from workbench.store.sql import duckdb_config, glob_literal
 from workbench.store.views import view_statements
 
 CLI_LABEL_ORIGIN = "workbench label"
@@ -72,7 +72,7 @@ def chunk_row(chunk_id: int, run_id: str, path: str, source: str, start: int, en
 
 
 COMPACT_AT = 256  # own scalar parts in a generation past which a commit merges them into one file
-COMPACT_ROW_GROUP = 1 << 16  # rows per row group of a compacted file: what one-run queries skip by
+SHARED_ROWS = 1 << 22  # points of small chunks gathered before they are written as one file
 
 
 KEYED = {"files": "path", "run_config": "run_id"}  # tables with one row per key
@@ -103,8 +103,13 @@ class StoreWriter:
         self.changed_runs: set[str] = set()  # runs whose files were read, dropped or rewritten
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet")
         self._pending: list = []
+        self._shared: list = []  # (run_id, chunk_id, table) of small chunks not yet written
+        self._shared_rows = 0
+        self._shared_files = 0
         self.derive_errors: dict[str, str] = {}  # derived table -> why the last one was kept
-        self._collect_garbage()
+        # above every chunk a kept generation lists (a reader may still be on the previous one,
+        # whose dropped chunks' parts must not be overwritten by new ones of the same name)
+        self.next_chunk_id = max(self.next_chunk_id, self._collect_garbage() + 1)
 
     # Everything is keyed by source path: a rewritten or moved file is dropped whole, then re-read.
     def drop_file(self, path: str) -> None:
@@ -175,7 +180,7 @@ class StoreWriter:
             tags, part = future.result()
         if tags is not None:
             self._cols["chunk_tags"].append(tags)
-        self.add_rows("parts", [part])
+        self.add_rows("parts", part if isinstance(part, list) else [part])
 
     def _write_events(self, run_id: str, chunk_id: int, frame: pl.DataFrame) -> tuple[None, dict]:
         return None, parts_mod.write_events(self.root, run_id, chunk_id, frame)
@@ -183,18 +188,45 @@ class StoreWriter:
     def _write_part(self, run_id: str, chunk_id: int, points: Points) -> tuple[dict, dict]:
         return parts_mod.write_scalars(self.root, run_id, chunk_id, points)
 
+    def _write_shared(self) -> None:
+        """Write the small chunks gathered so far as one file (on the background thread)."""
+        if not self._shared:
+            return
+        path = self._new_file()
+        tables, self._shared, self._shared_rows = self._shared, [], 0
+        self._pending.append(
+            self._pool.submit(lambda: (None, parts_mod.write_shared(self.root, path, tables)))
+        )
+        while len(self._pending) > 2:
+            self._collect(self._pending.pop(0))
+
+    def _new_file(self) -> Path:
+        """A name for a file of many chunks that no kept generation lists: numbered for the
+        generation this writer publishes next, and its own sequence."""
+        self._shared_files += 1
+        return layout.compacted_part(self.root, self.generation + 1, self._shared_files)
+
     def _flush_parts(self) -> None:
+        self._write_shared()
         while self._pending:
             self._collect(self._pending.pop(0))
 
-    def add_written(self, chunks: list[dict], chunk_tags: list[dict], part_rows: list[dict]) -> None:
+    def add_written(
+        self, chunks: list[dict], chunk_tags: list[dict], part_rows: list[dict], shared: list = ()
+    ) -> None:
         """Stage chunks whose parts another process already wrote (`workbench.store.parts`):
-        their chunks rows, chunk_tags columns (dicts of lists) and parts rows."""
+        their chunks rows, chunk_tags columns (dicts of lists) and parts rows; `shared`: the
+        (run_id, chunk_id, table) of small chunks it left for the writer to write together."""
         if chunks:
             self.next_chunk_id = max(self.next_chunk_id, max(c["chunk_id"] for c in chunks) + 1)
             self.add_rows("chunks", chunks)
         self._cols["chunk_tags"].extend(chunk_tags)
         self.add_rows("parts", part_rows)
+        for item in shared:
+            self._shared.append(item)
+            self._shared_rows += item[2].num_rows
+        if self._shared_rows >= SHARED_ROWS:
+            self._write_shared()
 
     def frame(self, table: str, rows: pl.DataFrame | list[dict]) -> pl.DataFrame:
         """Rows in the table's columns; raises for a value that does not fit (before staging)."""
@@ -352,18 +384,18 @@ class StoreWriter:
         )
         if len(files) < 2:
             return 0
-        out = layout.compacted_part(self.root, self.generation + 1)
+        out = self._new_file()
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".tmp")
         con = duckdb.connect(":memory:", config=duckdb_config())
         try:
             live = todo.select("chunk_id").to_arrow()  # noqa: F841 - read by the SQL below
             listed = ", ".join(glob_literal(f) for f in files)
-            con.execute(
-                f"COPY (SELECT p.* FROM read_parquet([{listed}]) p SEMI JOIN live USING (chunk_id) "
-                f"ORDER BY run_id, tag, step, chunk_id) TO {literal(str(tmp))} "
-                f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {COMPACT_ROW_GROUP})"
-            )
+            batches = con.sql(
+                f"SELECT p.* FROM read_parquet([{listed}]) p SEMI JOIN live USING (chunk_id) "
+                "ORDER BY run_id, tag, step, chunk_id"
+            ).to_arrow_reader(parts_mod.SHARED_ROW_GROUP)
+            parts_mod.write_batches(batches, tmp, parts_mod.SHARED_ROW_GROUP)
         finally:
             con.close()
         row = parts_mod.publish("scalars", 0, 0, tmp, out)
@@ -388,6 +420,14 @@ class StoreWriter:
         `catalog=False` leaves catalog.duckdb on an earlier generation (kept until the next
         catalog is written): for writers that commit every second (a live watch).
         """
+        with disk_full_is_a_store_error(self.root):
+            # before the number moves on: what they write is named for the generation to come
+            self._flush_parts()
+            if (
+                self.table("parts").filter(pl.col("file").is_null() & (pl.col("kind") == "scalars")).height
+                >= COMPACT_AT
+            ):
+                self.compact()
         self.generation += 1
         name = f"g{self.generation:08d}"
         meta = self.root / "meta"
@@ -396,14 +436,6 @@ class StoreWriter:
         final, published = meta / name, False
         try:
             with disk_full_is_a_store_error(self.root):
-                self._flush_parts()
-                if (
-                    self.table("parts")
-                    .filter(pl.col("file").is_null() & (pl.col("kind") == "scalars"))
-                    .height
-                    >= COMPACT_AT
-                ):
-                    self.compact()
                 layout.sync_filesystem(self.root)  # the parts it lists are on disk before it is
                 meta.mkdir(exist_ok=True)
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -488,10 +520,11 @@ class StoreWriter:
                 f"view of it) could not be written ({e}); the next ingest writes it again"
             ) from None
 
-    def _collect_garbage(self) -> None:
+    def _collect_garbage(self) -> int:
         """Remove what no live generation refers to: unpublished generations (killed writers),
         old ones, and parts no kept generation lists. Only what is proven unreferenced goes: a
-        kept generation that cannot be read keeps every part, a file not named like a part stays."""
+        kept generation that cannot be read keeps every part, a file not named like a part stays.
+        Returns the highest chunk id a kept generation lists (0 for none)."""
         meta = self.root / "meta"
         if meta.is_dir():
             for p in meta.iterdir():
@@ -512,11 +545,13 @@ class StoreWriter:
             if g not in keep:
                 shutil.rmtree(g, ignore_errors=True)
         live: set[Path] = set()
+        highest = 0
         for g in keep:
             try:
                 tables = {t: layout.read_meta(t, g) for t in ("chunks", "parts")}
             except Exception:  # noqa: BLE001 - unreadable: which parts it lists is unknown
-                return
+                return highest
+            highest = max(highest, int(tables["chunks"]["chunk_id"].max() or 0))
             live.update(map(Path, integrity.expected_parts(self.root, tables)["file"]))
             chunks = tables["chunks"].filter(~pl.col("chunk_id").is_in(tables["parts"]["chunk_id"].implode()))
             for kind in schema.PART_KINDS:  # chunks written before `parts`: their parts by name
@@ -529,3 +564,4 @@ class StoreWriter:
                 for part in (self.root / kind).glob("*/*"):
                     if layout.PART_NAME[kind].fullmatch(part.name) and part not in live:
                         part.unlink(missing_ok=True)
+        return highest
