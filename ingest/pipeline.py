@@ -60,9 +60,11 @@ SAMPLES = 65  # ... and samples this many SIG_BYTES windows of bigger ones (firs
 # chunk ids each run's task may use: tasks run anywhere and in any order, and still number their
 # chunks as the same ingest in one process would (2^20 chunks of 8 MiB is more than a run writes)
 CHUNKS_PER_TASK = 1 << 20
-# chunks of fewer points are handed to the writer, which writes many runs' into one file: a
-# Parquet file per small run costs more than its points
+# in an ingest of many runs, chunks of fewer points are handed to the writer, which writes
+# many runs' into one file: a Parquet file per small run costs more than its points (a few
+# runs keep a file each: damage to one costs only its own re-read)
 SHARED_BELOW = 1 << 16
+SHARED_MIN_RUNS = 64
 # below this much work, spawning processes costs more than it saves
 PARALLEL_MIN_TASKS = 64
 PARALLEL_MIN_BYTES = 8 << 20
@@ -469,6 +471,7 @@ class RunTask:
     plugins: dict[str, str]
     first_chunk: int  # chunk ids [first_chunk, first_chunk + CHUNKS_PER_TASK) are this task's
     check_crc: bool = True
+    share_small: bool = False  # leave small chunks to the writer to write with other runs'
 
 
 @dataclass
@@ -523,7 +526,9 @@ def read_run(task: RunTask) -> list[FileResult]:
     out = []
     pool = _pool()
     for ft in task.files:
-        res = _read_file(root, pool, by_name[ft.format], ft, task.run_id, run_config, plugins, next_id)
+        res = _read_file(
+            root, pool, by_name[ft.format], ft, task.run_id, run_config, plugins, next_id, task.share_small
+        )
         if next_id[0] > task.first_chunk + CHUNKS_PER_TASK:
             raise StoreError(f"{ft.path}: more than {CHUNKS_PER_TASK} chunks in one ingest of one run")
         for c in res.configs:
@@ -542,6 +547,7 @@ def _read_file(
     run_config: dict,
     plugins: dict[str, str],
     next_id: list[int],
+    share: bool = False,
 ) -> FileResult:
     """Read one file from its offset and write its batches' parts. Whatever goes wrong stays
     with this file: the batches read before are kept, the rest is a problem row saying why."""
@@ -566,7 +572,7 @@ def _read_file(
     pending: list = []
     try:
         for batch in ingestor.read(path, ft.offset, ctx):
-            _stage(root, pool, pending, res, ingestor.name, batch, next_id)
+            _stage(root, pool, pending, res, ingestor.name, batch, next_id, share)
             res.reported.extend(batch.problems)
             if first_wall is None and batch.first_wall_time is not None:
                 first_wall = batch.first_wall_time
@@ -653,7 +659,14 @@ def _checked(table: str, rows: list[dict]) -> list[dict]:
 
 
 def _stage(
-    root: Path, pool, pending: list, res: FileResult, source: str, batch: Batch, next_id: list[int]
+    root: Path,
+    pool,
+    pending: list,
+    res: FileResult,
+    source: str,
+    batch: Batch,
+    next_id: list[int],
+    share: bool = False,
 ) -> None:
     """Stage one batch whole or not at all: its rows are checked before anything is staged,
     then its parts are written (on `pool`, at most two waiting: memory stays bounded)."""
@@ -693,7 +706,7 @@ def _stage(
     res.chunk_ids.append((source, chunk_id))
     if events is not None:
         pending.append(pool.submit(lambda: (None, store_parts.write_events(root, run_id, chunk_id, events))))
-    if 0 < len(batch.points) < SHARED_BELOW:  # written with other runs' by the writer
+    if share and 0 < len(batch.points) < SHARED_BELOW:  # written with other runs' by the writer
         table, tags = store_parts.scalar_table(run_id, chunk_id, batch.points)
         res.chunk_tags.append(tags)
         res.shared.append((run_id, chunk_id, table))
@@ -742,6 +755,9 @@ def _run_tasks(w: StoreWriter, files: list[tuple[FileTask, str]], check_crc: boo
                 str(w.root), run_id, [], w.run_config(run_id), w.plugins(run_id), first, check_crc
             )
         tasks[run_id].files.append(ft)
+    if len(tasks) >= SHARED_MIN_RUNS:
+        for t in tasks.values():
+            t.share_small = True
     return list(tasks.values())
 
 

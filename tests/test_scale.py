@@ -69,7 +69,6 @@ def test_every_executor_stages_the_same_rows(tmp_path):
 def test_compaction_keeps_every_point_and_the_store_whole(tmp_path):
     runs = _runs(tmp_path / "runs")
     store = Store(tmp_path / "s")
-    ingest([runs / "run0", runs / "run1"], store)  # small runs: one file per ingest
     ingest([runs], store)
     before = _tables(store)["scalars_all"]
     assert store.compact() > 1
@@ -169,14 +168,15 @@ def test_views_see_only_current_chunks_of_a_compacted_file(tmp_path):
         _losses(runs / f"run{i}" / "metrics.jsonl", [2.0 / s for s in range(1, 40)])
     _losses(runs / "run1" / "metrics.jsonl", [2.0 / s for s in range(1, 35)] + [float("nan")] * 5)
     store = Store(tmp_path / "s")
-    ingest([runs], store)  # small runs: their points share one file
+    ingest([runs], store)
+    assert store.compact() == 3
     assert _run_facts(store, "run1") == ("diverged", [("divergence_nan",)], 5, 39)
     _losses(runs / "run1" / "metrics.jsonl", [1.0 / s for s in range(1, 20)])  # rewritten, healthy
     report = ingest([runs], store)
     assert report.files_read == 1
     assert _run_facts(store, "run1") == ("unknown", [], 0, 19)
     assert _run_facts(store, "run0") == ("unknown", [], 0, 39)
-    assert store.compact() == 2  # the first file (less run1's old rows) and run1's new one
+    assert store.compact() == 2  # the compacted file (less run1's old rows) and run1's new part
     assert _run_facts(store, "run1") == ("unknown", [], 0, 19)
     assert store.check().ok
 
@@ -204,3 +204,32 @@ def test_new_chunks_never_reuse_ids_a_kept_generation_lists(tmp_path):
             integrity.verify_parts(store.root, integrity.expected_parts(store.root, integrity.read_tables(g)))
             == []
         )
+
+
+def test_many_small_runs_share_files_and_read_as_with_a_file_each(tmp_path, monkeypatch):
+    import ingest.pipeline as pipeline
+
+    runs = tmp_path / "runs"
+    for i in range(pipeline.SHARED_MIN_RUNS + 2):
+        (runs / f"r{i:02d}").mkdir(parents=True)
+        tail = [float("nan")] * 3 if i == 5 else []
+        _losses(runs / f"r{i:02d}" / "metrics.jsonl", [2.0 / s + i for s in range(1, 30)] + tail)
+    shared = Store(tmp_path / "shared")
+    ingest([runs], shared)
+    with monkeypatch.context() as m:  # the same runs, a file each
+        m.setattr(pipeline, "SHARED_MIN_RUNS", 10**6)
+        own = Store(tmp_path / "own")
+        ingest([runs], own)
+    assert [p.name for p in (shared.root / "scalars").iterdir()] == ["_compacted"]
+    assert len(list((own.root / "scalars").iterdir())) == pipeline.SHARED_MIN_RUNS + 2
+    a, b = _tables(shared), _tables(own)
+    for name in ("scalars_all", "problems", "files"):
+        assert a[name].equals(b[name]), name
+    assert _run_facts(shared, "r05") == ("diverged", [("divergence_nan",)], 3, 32)
+    assert shared.check().ok
+    # r05 rewritten: its old rows stay in the shared file, and reach no view
+    _losses(runs / "r05" / "metrics.jsonl", [1.0, 0.5])
+    ingest([runs], shared)
+    assert _run_facts(shared, "r05") == ("unknown", [], 0, 2)
+    assert shared.compact() == 2 and _run_facts(shared, "r05") == ("unknown", [], 0, 2)
+    assert shared.check().ok

@@ -23,6 +23,7 @@ from workbench.store.points import Points, order_and_supersede
 # column's min/max, and DuckDB prunes row groups by them: `isnan(value)` (or `value > x`, NaN
 # sorting last) would skip every row group whose NaNs the statistics do not show.
 STATISTICS = ["run_id", "chunk_id", "tag", "step", "local_superseded"]
+NO_STEP = np.iinfo(np.int64).min  # finite_step of a tag without a finite point (null in the table)
 SHARED_ROW_GROUP = 1 << 16  # rows per row group of a file of many runs: what one-run queries skip by
 
 
@@ -89,12 +90,15 @@ def scalar_table(run_id: str, chunk_id: int, points: Points) -> tuple[pa.Table, 
     )
     # codes are sorted, so each tag is one contiguous run
     starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    finite = np.isfinite(points.value[order])
     tags = {
         "chunk_id": np.full(len(starts), chunk_id, np.int64),
         "tag": [sorted_tags[c] for c in codes[starts]],
         "points": np.diff(np.r_[starts, n]),
         "min_step": np.minimum.reduceat(steps, starts),
         "max_step": np.maximum.reduceat(steps, starts),
+        "finite_step": np.maximum.reduceat(np.where(finite & ~superseded[order], steps, NO_STEP), starts),
+        "nonfinite": np.add.reduceat(~finite, starts, dtype=np.int64),
     }
     return table, tags
 

@@ -58,6 +58,11 @@ CHUNK_TAGS = {
     "points": pl.Int64,
     "min_step": pl.Int64,
     "max_step": pl.Int64,
+    # what run status needs without reading points: the last step of a finite point not
+    # superseded inside the chunk (null: none), and how many points are NaN/Inf (null: a chunk
+    # written before these were kept, whose points the views read instead)
+    "finite_step": pl.Int64,
+    "nonfinite": pl.Int64,
 }
 
 # The Parquet parts a chunk wrote, as written: what `workbench check` verifies them against.

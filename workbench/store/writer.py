@@ -263,7 +263,14 @@ class StoreWriter:
         if cols := self._cols[table]:
             self._cols[table] = []
             joined = {c: np.concatenate([np.asarray(d[c]) for d in cols]) for c in cols[0]}
-            self._new[table].append(self.frame(table, pl.DataFrame(joined)))
+            frame = pl.DataFrame(joined)
+            if "finite_step" in frame.columns:  # numpy has no null integer
+                frame = frame.with_columns(
+                    finite_step=pl.when(pl.col("finite_step") != parts_mod.NO_STEP).then(
+                        pl.col("finite_step")
+                    )
+                )
+            self._new[table].append(self.frame(table, frame))
 
     def _replace(self, table: str, keep: pl.Expr, rows: pl.DataFrame | list[dict] = ()) -> None:
         """Keep the rows matching `keep` (stored and staged), then stage `rows`."""
