@@ -32,6 +32,7 @@ import fnmatch
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
@@ -39,7 +40,7 @@ import polars as pl
 from detectors.engine import ReplayError
 from detectors.kinds import ensemble, kind_rows, summary_rows
 from detectors.predictors import PREDICTOR_RULES, evaluate_predictors
-from detectors.replay import batches, default_rules, replay_batches
+from detectors.replay import batches, default_rules, replay_batches, replay_on
 from detectors.rules import Rule
 from detectors.scoring import (  # noqa: F401 (the scoring API is used from here)
     RULE_FIELDS,
@@ -53,6 +54,9 @@ from detectors.scoring import (  # noqa: F401 (the scoring API is used from here
 )
 from detectors.tuning import folds_of, run_groups, tune_rule
 from workbench.store import Store
+
+if TYPE_CHECKING:
+    from workbench.executor import Executor
 
 
 def load_labels(store: Store, run_ids: list[str]) -> tuple[dict[str, RunInfo], int]:
@@ -144,11 +148,14 @@ def backtest(
     budget: float = 1.0,
     folds: int | None = None,
     holdout_glob: str | None = None,
+    executor: Executor | None = None,
 ) -> BacktestResult:
     """Replay every rule (and sweep point) and score it against the labels: per rule, per
     failure kind, the ensemble of the rules at their own parameters, the summary; with `tune`,
     each rule's pick within `budget` false alarms per 1k steps, cross-validated (`folds` None:
-    one fold per group of related runs) and scored on the `holdout_glob` runs kept out of it."""
+    one fold per group of related runs) and scored on the `holdout_glob` runs kept out of it.
+    `executor`: replay as tasks per rule chunk x run batch there (`replay_on`); the scoring,
+    which needs every run of a rule at once, stays here."""
     settings = settings or Settings()
     explicit = rules is not None
     rules = rules if explicit else default_rules()
@@ -167,13 +174,18 @@ def backtest(
     points = [(p, p.params_json == rule.params_json, rule) for rule in rules for p in _points(rule)]
     extra = list(PREDICTOR_RULES.values()) if predictors else []  # replayed in the same pass
 
-    def note_steps(data):  # logged steps per run, from the batch already in memory
-        for run, steps in data.logged_steps().items():
+    def note_steps(logged):  # logged steps per run, from the batch already in memory
+        for run, steps in logged.items():
             if run in runs:
                 runs[run].steps = steps
                 runs[run].first_step = int(steps[0]) if len(steps) else 0
 
-    done = replay_batches(store, [p for p, _, _ in points] + extra, groups, on_batch=note_steps)
+    replayed = [p for p, _, _ in points] + extra
+    if executor is None:
+        done = replay_batches(store, replayed, groups, on_batch=lambda data: note_steps(data.logged_steps()))
+    else:
+        done, logged = replay_on(executor, store, replayed, groups, steps=True)
+        note_steps(logged)
     recoveries = load_recoveries(store)
     results, kinds, scored = [], [], []
     for (p, default, parent), d in zip(points, done, strict=False):

@@ -7,17 +7,23 @@ backtest of many rules reads every run once. `replay` stores the alerts it finds
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import polars as pl
 
 from detectors.builtins import builtin_rules
 from detectors.engine import ALERT_SCHEMA, ReplayError, SeriesData, evaluate
 from detectors.rules import Rule, load_rule_file
 from workbench.store import Store
+
+if TYPE_CHECKING:
+    from workbench.executor import Executor
 
 GUIDES = Path(__file__).resolve().parent / "guides.toml"
 
@@ -130,18 +136,81 @@ def replay_batches(
     ]
 
 
-def replay(store: Store, rules: list[Rule] | None, runs_glob: str | None) -> ReplayResult:
+ReplayTask = tuple[str, list[Rule], list[str], bool]
+
+
+def replay_task(task: ReplayTask) -> tuple[list[tuple[pl.DataFrame | None, list[str], str | None]], dict]:
+    """One executor task: load one batch of runs from the store at `root` and evaluate some
+    rules on it. Per rule (alerts, runs where it was evaluable, error), and with `steps` the
+    batch's logged steps per run (what a backtest counts false alarms against)."""
+    root, rules, runs, steps = task
+    data = load(Store(root), runs)
+    out = []
+    for rule in rules:
+        try:
+            alerts, ok = evaluate(rule, data)
+        except ReplayError as e:
+            out.append((None, [], str(e)))
+            continue
+        out.append((alerts, ok, None))
+    return out, data.logged_steps() if steps else {}
+
+
+def replay_on(
+    executor: Executor, store: Store, rules: list[Rule], groups: list[list[str]], steps: bool = False
+) -> tuple[list[RuleReplay], dict[str, np.ndarray]]:
+    """`replay_batches` fanned out through `executor`: a task per run batch x rule chunk, the
+    batches cut finer and the rules into chunks until every worker has a few tasks. Results
+    are put together in run order, so they equal `replay_batches`' (evaluation is per run).
+    With `steps`, also the logged steps per run."""
+    want = 2 * executor.workers
+    runs = [r for g in groups for r in g]
+    if len(groups) < want:  # finer batches: each still within the memory bound of `batches`
+        size = max(1, math.ceil(len(runs) / want))
+        groups = [g[i : i + size] for g in groups for i in range(0, len(g), size)]
+    n_chunks = min(len(rules), max(1, math.ceil(want / len(groups))))
+    chunk = math.ceil(len(rules) / n_chunks) if rules else 1
+    chunks = [rules[i : i + chunk] for i in range(0, len(rules), chunk)]
+    root = str(store.root)
+    tasks = [(root, c, g, steps and k == 0) for g in groups for k, c in enumerate(chunks)]
+    parts: list[list[pl.DataFrame]] = [[] for _ in rules]
+    runs_ok: list[list[str]] = [[] for _ in rules]
+    errors: list[str | None] = [None] * len(rules)
+    logged: dict[str, np.ndarray] = {}
+    for n, (out, got) in enumerate(executor.map(replay_task, tasks)):
+        logged |= got
+        first = (n % len(chunks)) * chunk
+        for i, (alerts, ok, err) in enumerate(out, start=first):
+            if err is not None:
+                errors[i] = errors[i] or err
+                continue
+            parts[i].append(alerts)
+            runs_ok[i] += ok
+    done = [
+        RuleReplay(pl.concat(a) if a else pl.DataFrame(schema=ALERT_SCHEMA), ok, None if ok else err)
+        for a, ok, err in zip(parts, runs_ok, errors, strict=True)
+    ]
+    return done, logged
+
+
+def replay(
+    store: Store, rules: list[Rule] | None, runs_glob: str | None, executor: Executor | None = None
+) -> ReplayResult:
     """Replay (each rule at its own parameters) over the selected runs and store the alerts.
 
     Without `rules`, the defaults; those not evaluable on the selection are listed in `skipped`.
-    A rule the user gave that is evaluable nowhere is an error.
+    A rule the user gave that is evaluable nowhere is an error. `executor`: fan the batches
+    out (`replay_on`); None evaluates them here.
     """
     explicit = rules is not None
     rules = rules if explicit else default_rules()
     groups = batches(store, runs_glob)
     if not groups:
         raise ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")
-    done = replay_batches(store, rules, groups)
+    if executor is None:
+        done = replay_batches(store, rules, groups)
+    else:
+        done = replay_on(executor, store, rules, groups)[0]
     skipped = {r.id: d.error for r, d in zip(rules, done, strict=True) if d.error}
     if explicit and skipped:
         raise ReplayError(next(iter(skipped.values())))

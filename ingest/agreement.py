@@ -32,8 +32,17 @@ def build(con: duckdb.DuckDBPyConnection, previous: pl.DataFrame, changed: set[s
     """Agreement rows for the runs whose files changed; the other runs keep their rows (a
     `derive` hook of the store's commit)."""
     keep = previous.filter(~pl.col("run_id").is_in(sorted(changed)))
-    if not changed:
-        return keep
+    # runs where several sources log one metric, from the chunk lists (no point is read for
+    # the many runs with one source)
+    multi = con.sql(
+        """SELECT DISTINCT run_id FROM (
+               SELECT c.run_id FROM _chunk_tags ct JOIN _chunks c USING (chunk_id) JOIN _tag_metric m USING (tag)
+               WHERE m.metric IS NOT NULL AND NOT starts_with(ct.tag, 'derived/') AND list_contains(?, c.run_id)
+               GROUP BY c.run_id, m.metric HAVING count(DISTINCT c.source) > 1)""",
+        params=[sorted(changed)],
+    ).fetchall()
+    if not multi:
+        return keep.sort("run_id", "metric", "source_a", "source_b")
     pts = con.sql(
         """WITH cur AS (SELECT run_id, metric, source, tag, step, value, source_file
                         FROM _points WHERE NOT superseded AND metric IS NOT NULL AND list_contains(?, run_id)
@@ -45,7 +54,7 @@ def build(con: duckdb.DuckDBPyConnection, previous: pl.DataFrame, changed: set[s
            SELECT cur.run_id, cur.metric, cur.source, cur.tag, cur.step, cur.value, cur.source_file
            FROM cur SEMI JOIN multi USING (run_id, metric) SEMI JOIN best USING (run_id, metric, source, tag)
            ORDER BY ALL""",
-        params=[sorted(changed)],
+        params=[sorted(r for (r,) in multi)],
     ).pl()
     rows = []
     for (run, metric), g in pts.group_by("run_id", "metric", maintain_order=True):

@@ -356,6 +356,11 @@ class LineParser:
     def feed(self, text: str, batch: Batch) -> None:
         raise NotImplementedError
 
+    def feed_block(self, lines: list, batch: Batch) -> bool:
+        """Take a whole block of lines at once (a vectorised reader), or return False, having
+        changed nothing, to have them fed line by line (the block holds a line it cannot take)."""
+        return False
+
     def end_block(self, batch: Batch, last: bool) -> None:
         """The block's lines are all fed; `last`: no more complete lines follow (for now)."""
 
@@ -375,6 +380,9 @@ class LineIngestor(Ingestor):
         for (b0, b1, lines, stop), last in list_ahead(line_blocks(path, start)):
             batch = Batch(start=b0, end=b1)
             refused = []  # lines the reader never saw, or that raised in it
+            if parser.feed_block(lines, batch):
+                parser.line += len(lines)
+                lines = ()
             for text in lines:
                 parser.line += 1
                 if isinstance(text, LongLine):

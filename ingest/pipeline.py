@@ -16,11 +16,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import stat
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,12 +47,27 @@ from ingest.labels import read_labels_toml
 from ingest.lines import is_gz
 from ingest.registry import make_ingestors, precedence
 from workbench.errors import NotFoundError
+from workbench.executor import Executor, LocalExecutor
 from workbench.store import Store, StoreError, StoreWriter
+from workbench.store import parts as store_parts
+from workbench.store import schema as store_schema
+from workbench.store.writer import chunk_row, deep_merge, disk_full_is_a_store_error
 
 SIG_BYTES = 4096
 NOT_READ = ("not_read", "labels_error", "checkpoint_error")  # problems of things not read at all
 FULL_HASH_BYTES = 8 << 20  # the content signature hashes smaller prefixes whole ...
 SAMPLES = 65  # ... and samples this many SIG_BYTES windows of bigger ones (first, middle, last too)
+# chunk ids each run's task may use: tasks run anywhere and in any order, and still number their
+# chunks as the same ingest in one process would (2^20 chunks of 8 MiB is more than a run writes)
+CHUNKS_PER_TASK = 1 << 20
+# in an ingest of many runs, chunks of fewer points are handed to the writer, which writes
+# many runs' into one file: a Parquet file per small run costs more than its points (a few
+# runs keep a file each: damage to one costs only its own re-read)
+SHARED_BELOW = 1 << 16
+SHARED_MIN_RUNS = 64
+# below this much work, spawning processes costs more than it saves
+PARALLEL_MIN_TASKS = 64
+PARALLEL_MIN_BYTES = 8 << 20
 
 
 @dataclass
@@ -136,12 +153,15 @@ def ingest(
     console: Console | None = None,
     light: bool = False,
     stage: Callable[[StoreWriter], bool] | None = None,
+    executor: Executor | None = None,
 ) -> IngestReport:
     """Ingest every log under `paths` into `store`; per-file problems are reported, not raised.
     `light`: a poll of a live watch, which commits every second: lineage and catalog.duckdb
     are left as they were (the watch refreshes them now and then), and a poll that found no new
     bytes and staged nothing commits nothing. `stage` adds the caller's own changes to the
-    same commit (a watch's alerts) and says whether it added any."""
+    same commit (a watch's alerts) and says whether it added any. `executor` reads the runs
+    (`read_run` per run); by default in this process for a few runs, a process per core for
+    many. Every executor stages the same rows in the same order."""
     console = console or Console(stderr=True)
     report = IngestReport()
     t0 = time.perf_counter()
@@ -208,18 +228,23 @@ def ingest(
         # configuration first (ds_config, hparams): other files of the run may need it
         plans.sort(key=lambda p: (p[1], not by_name[p[0].format].is_config, str(p[0].path)))
         total = sum(max(0, _size(f.path) - off) for f, _, off, _, _ in plans)
+        files = [
+            (FileTask(str(f.path), str(f.run_dir), f.format, off, prev, appendable), run_id)
+            for f, run_id, off, prev, appendable in plans
+        ]
+        tasks = _run_tasks(w, files, check_crc)
+        executor = executor or default_executor(tasks, total, light)
+        found_by_path = {str(f.path): f for f, _ in work}
         with _progress(console, total) as progress:
-            task = progress.add_task("ingest", total=total)
-            for f, run_id, offset, prev, appendable in plans:
-                progress.update(task, description=escape(f.path.name[-40:]))
-                _read_file(w, by_name[f.format], f, run_id, offset, prev, appendable, report, progress, task)
-            _reread_stale(w, by_name, {str(f.path): f for f, _ in work}, {p[1] for p in plans}, report)
+            bar = progress.add_task("ingest", total=total)
+            _read_runs(w, tasks, executor, report, progress, bar)
+            _reread_stale(w, by_name, found_by_path, {p[1] for p in plans}, report, check_crc)
         staged = stage(w) if stage is not None else False
         if not light:
             derive = {"lineage": lineage.build, "agreement": agreement.build}
             w.commit(derive=derive)
             if _learn_batch_sizes(store, w):
-                _reread_stale(w, by_name, {str(f.path): f for f, _ in work}, w.changed_runs, report)
+                _reread_stale(w, by_name, found_by_path, w.changed_runs, report, check_crc)
                 w.commit(derive=derive)
         elif plans or staged:  # an idle watched run makes no new generation every second
             w.commit(catalog=False)
@@ -260,22 +285,35 @@ def _reread_stale(
     found: dict[str, Found],
     runs: set[str],
     report: IngestReport,
+    check_crc: bool = True,
 ) -> None:
     """Read again the files whose reading took something from their run's configuration that a
     later file of the run changed (a batch size stated by a console read after the monitor CSV)."""
     rows = w.table("files").filter(pl.col("run_id").is_in(sorted(runs)) & pl.col("format").is_not_null())
+    stale = []
     for row in rows.iter_rows(named=True):
         ingestor, f = by_name.get(row["format"]), found.get(row["path"])
         if ingestor is None or f is None:
             continue
         state = json.loads(row["state"]) if row["state"] else {}
         if ingestor.config_used(w.run_config(row["run_id"]), state) != row["config_used"]:
-            report.notes = [(p, n) for p, n in report.notes if p != row["path"]]
-            report.problems = [(p, x) for p, x in report.problems if p != row["path"]]
-            w.drop_file(row["path"])
-            appendable = ingestor.appendable and not is_gz(f.path)
-            _read_file(w, ingestor, f, row["run_id"], 0, None, appendable, report, None, None)
-            report.files_read -= 1  # counted once, when it was first read
+            stale.append((row, f, ingestor))
+    for row, _, _ in stale:
+        report.notes = [(p, n) for p, n in report.notes if p != row["path"]]
+        report.problems = [(p, x) for p, x in report.problems if p != row["path"]]
+        w.drop_file(row["path"])
+    files = [
+        (
+            FileTask(
+                row["path"], str(f.run_dir), f.format, 0, None, ingestor.appendable and not is_gz(f.path)
+            ),
+            row["run_id"],
+        )
+        for row, f, ingestor in stale
+    ]
+    read = report.files_read
+    _read_runs(w, _run_tasks(w, files, check_crc), LocalExecutor(1), report)
+    report.files_read = read  # counted once, when they were first read
 
 
 def _note_rewrite(w: StoreWriter, f: Found, run_id: str, prev: dict, report: IngestReport) -> None:
@@ -409,52 +447,141 @@ def _file_row(f: Found, run_id: str, status: str, **kw) -> dict:
     return row
 
 
+@dataclass
+class FileTask:
+    """One file of a run to read, from `offset` (`prev`: its manifest row when appending)."""
+
+    path: str
+    run_dir: str
+    format: str
+    offset: int
+    prev: dict | None
+    appendable: bool
+
+
+@dataclass
+class RunTask:
+    """All the files of one run that need reading, configuration first: what `read_run` needs,
+    picklable and free of the writer, so any executor can run it."""
+
+    store_root: str
+    run_id: str
+    files: list[FileTask]
+    run_config: dict
+    plugins: dict[str, str]
+    first_chunk: int  # chunk ids [first_chunk, first_chunk + CHUNKS_PER_TASK) are this task's
+    check_crc: bool = True
+    share_small: bool = False  # leave small chunks to the writer to write with other runs'
+
+
+@dataclass
+class FileResult:
+    """What reading one file staged, as plain rows, in the order the writer applies them."""
+
+    path: str
+    run_id: str
+    chunks: list[dict] = field(default_factory=list)
+    chunk_tags: list[dict] = field(default_factory=list)
+    parts: list[dict] = field(default_factory=list)
+    shared: list = field(default_factory=list)  # (run_id, chunk_id, table): small chunks, unwritten
+    problems: list[dict] = field(default_factory=list)
+    evidence: list[dict] = field(default_factory=list)
+    plugins: list[dict] = field(default_factory=list)
+    configs: list[dict] = field(default_factory=list)  # merged into the run's config, in order
+    file_row: dict | None = None
+    not_read: str | None = None  # the file could not even be opened
+    reported: list[Problem] = field(default_factory=list)  # report.problems of this file
+    note: str | None = None
+    chunk_ids: list[tuple[str, int]] = field(default_factory=list)  # (source, chunk_id)
+    points: int = 0
+    bytes_read: int = 0
+
+
+_INGESTORS: dict[bool, dict[str, Ingestor]] = {}  # per process: ingestors hold compiled state
+_POOL: list[ThreadPoolExecutor] = []  # per process: writes parts while the next batch is decoded
+
+
+def _pool() -> ThreadPoolExecutor:
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(1, thread_name_prefix="parquet"))
+    return _POOL[0]
+
+
+def _ingestors(check_crc: bool) -> dict[str, Ingestor]:
+    if check_crc not in _INGESTORS:
+        _INGESTORS[check_crc] = {i.name: i for i in make_ingestors(check_crc=check_crc)}
+    return _INGESTORS[check_crc]
+
+
+def read_run(task: RunTask) -> list[FileResult]:
+    """Read every file of one run and write their Parquet parts; the rows to stage, per file.
+
+    Runs in any process (top level, picklable in and out). The run's configuration and
+    plugins grow file by file as they would in the writer, so a file read after the run's
+    ds_config sees it."""
+    by_name = _ingestors(task.check_crc)
+    root = Path(task.store_root)
+    run_config, plugins = dict(task.run_config), dict(task.plugins)
+    next_id = [task.first_chunk]
+    out = []
+    pool = _pool()
+    for ft in task.files:
+        res = _read_file(
+            root, pool, by_name[ft.format], ft, task.run_id, run_config, plugins, next_id, task.share_small
+        )
+        if next_id[0] > task.first_chunk + CHUNKS_PER_TASK:
+            raise StoreError(f"{ft.path}: more than {CHUNKS_PER_TASK} chunks in one ingest of one run")
+        for c in res.configs:
+            run_config = deep_merge(run_config, c)
+        plugins.update({r["tag"]: r["plugin"] for r in res.plugins})
+        out.append(res)
+    return out
+
+
 def _read_file(
-    w: StoreWriter,
+    root: Path,
+    pool: ThreadPoolExecutor,
     ingestor: Ingestor,
-    f: Found,
+    ft: FileTask,
     run_id: str,
-    offset: int,
-    prev: dict | None,
-    appendable: bool,
-    report,
-    progress,
-    task,
-) -> None:
-    """Read one file from `offset` and stage its batches. Whatever goes wrong stays with this
-    file: the batches read before are kept, the rest is a problem row saying why."""
-    key = str(f.path)
+    run_config: dict,
+    plugins: dict[str, str],
+    next_id: list[int],
+    share: bool = False,
+) -> FileResult:
+    """Read one file from its offset and write its batches' parts. Whatever goes wrong stays
+    with this file: the batches read before are kept, the rest is a problem row saying why."""
+    res = FileResult(ft.path, run_id)
+    path, prev = Path(ft.path), ft.prev
     try:
-        st = f.path.stat()
+        st = path.stat()
     except OSError as e:
-        _set_problem(w, report, f.path, run_id, "not_read", f"not read: {e.strerror or e}")
-        return
+        res.not_read = f"not read: {e.strerror or e}"
+        return res
     records = prev["records"] if prev else 0
     points = prev["points"] if prev else 0
     n_problems = prev["problems"] if prev else 0
     first_wall = prev["first_wall_time"] if prev else None
     last_wall = prev["last_wall_time"] if prev else None
-    consumed = offset
+    consumed = ft.offset
     note = None
     contents = Counter(json.loads(prev["contents"]) if prev and prev["contents"] else {})
     state = json.loads(prev["state"]) if prev and prev["state"] else {}
-    ctx = ReadContext(run_id, state=state, plugins=w.plugins(run_id), run_config=w.run_config(run_id))
+    ctx = ReadContext(run_id, state=state, plugins=dict(plugins), run_config=dict(run_config))
     failure = None
+    pending: list = []
     try:
-        for batch in ingestor.read(f.path, offset, ctx):
-            chunk_id = _stage(w, key, run_id, ingestor.name, batch)
-            report.chunks.append((run_id, key, ingestor.name, chunk_id))
-            report.problems.extend((key, p) for p in batch.problems)
+        for batch in ingestor.read(path, ft.offset, ctx):
+            _stage(root, pool, pending, res, ingestor.name, batch, next_id, share)
+            res.reported.extend(batch.problems)
             if first_wall is None and batch.first_wall_time is not None:
                 first_wall = batch.first_wall_time
             last_wall = _latest(last_wall, batch)
             records += batch.records
             points += len(batch.points)
             n_problems += len(batch.problems)
-            report.points += len(batch.points)
-            report.bytes_read += batch.end - batch.start
-            if progress is not None:
-                progress.advance(task, batch.end - batch.start)
+            res.points += len(batch.points)
+            res.bytes_read += batch.end - batch.start
             consumed = batch.end
             note = batch.note
             if batch.state is not None:
@@ -472,39 +599,45 @@ def _read_file(
             "reader_error",
             f"the {ingestor.name} reader failed ({_why(e)}); kept what was read up to byte {consumed}",
         )
+    with disk_full_is_a_store_error(root):
+        for f in pending:
+            _collect(res, f.result())
     if failure is not None:
         note = failure.message
-        report.problems.append((key, failure))
-        w.add("problems", [_problem_row(key, run_id, failure)])
+        res.reported.append(failure)
+        res.problems.append(_problem_row(ft.path, run_id, failure))
         n_problems += 1
-    if note:
-        report.notes.append((key, note))
-    report.files_read += 1
-    report.runs.add(run_id)
+    res.note = note
     try:
-        sig = content_sig(f.path, consumed, whole=not appendable)
+        sig = content_sig(path, consumed, whole=not ft.appendable)
     except OSError:  # gone mid-read: no signature, so a file that comes back is read anew
         sig = None
-    w.set_file(
-        _file_row(
-            f,
-            run_id,
-            "problems" if n_problems else "ok",
-            size=st.st_size,
-            mtime_ns=st.st_mtime_ns,
-            consumed=consumed,
-            first_wall_time=first_wall,
-            last_wall_time=last_wall,
-            records=records,
-            points=points,
-            problems=n_problems,
-            note=note,
-            state=json.dumps(state, sort_keys=True) if state else None,
-            config_used=ingestor.config_used(ctx.run_config, state),
-            contents=json.dumps(dict(sorted(contents.items()))) if contents else None,
-            content_sig=sig,
-        )
+    res.file_row = _file_row(
+        Found(path, Path(ft.run_dir), ft.format),
+        run_id,
+        "problems" if n_problems else "ok",
+        size=st.st_size,
+        mtime_ns=st.st_mtime_ns,
+        consumed=consumed,
+        first_wall_time=first_wall,
+        last_wall_time=last_wall,
+        records=records,
+        points=points,
+        problems=n_problems,
+        note=note,
+        state=json.dumps(state, sort_keys=True) if state else None,
+        config_used=ingestor.config_used(ctx.run_config, state),
+        contents=json.dumps(dict(sorted(contents.items()))) if contents else None,
+        content_sig=sig,
     )
+    return res
+
+
+def _collect(res: FileResult, written: tuple[dict | None, dict]) -> None:
+    tags, part = written
+    if tags is not None:
+        res.chunk_tags.append(tags)
+    res.parts.append(part)
 
 
 def _latest(last: float | None, batch) -> float | None:
@@ -517,12 +650,31 @@ def _latest(last: float | None, batch) -> float | None:
     return max(times, default=None)
 
 
-def _stage(w: StoreWriter, key: str, run_id: str, source: str, batch: Batch) -> int:
-    """Stage one batch whole or not at all: its rows are checked before anything is staged;
-    returns its chunk id."""
-    rows = {
-        "problems": [_problem_row(key, run_id, p) for p in batch.problems],
-        "evidence": [
+def _checked(table: str, rows: list[dict]) -> list[dict]:
+    """Rows that fit the table's columns (raises before anything of the batch is staged)."""
+    if rows:
+        sch = store_schema.META_TABLES[table]
+        store_schema.conform(pl.DataFrame(rows, schema=sch), sch, table)
+    return rows
+
+
+def _stage(
+    root: Path,
+    pool,
+    pending: list,
+    res: FileResult,
+    source: str,
+    batch: Batch,
+    next_id: list[int],
+    share: bool = False,
+) -> None:
+    """Stage one batch whole or not at all: its rows are checked before anything is staged,
+    then its parts are written (on `pool`, at most two waiting: memory stays bounded)."""
+    key, run_id = res.path, res.run_id
+    problems = _checked("problems", [_problem_row(key, run_id, p) for p in batch.problems])
+    evidence = _checked(
+        "evidence",
+        [
             {
                 "path": key,
                 "run_id": run_id,
@@ -534,37 +686,124 @@ def _stage(w: StoreWriter, key: str, run_id: str, source: str, batch: Batch) -> 
             }
             for e in batch.evidence
         ],
-        "plugins": [{"run_id": run_id, "tag": t, "plugin": p} for t, p in batch.plugins.items()],
-    }
-    frames = {t: w.frame(t, r) for t, r in rows.items() if r}
+    )
+    plugins = _checked(
+        "plugins", [{"run_id": run_id, "tag": t, "plugin": p} for t, p in batch.plugins.items()]
+    )
+    chunk_id = next_id[0]
+    events = (
+        pl.DataFrame(
+            [{**e, "chunk_id": chunk_id, "run_id": run_id, "path": key} for e in batch.events],
+            schema=store_schema.EVENT_PART,
+        )
+        if batch.events
+        else None
+    )  # built first: an event that does not fit its columns stages nothing of the chunk
     # through JSON once: what the store will write (string keys, no objects it cannot write)
     config = json.loads(json.dumps(batch.config, default=str)) if batch.config else None
-    chunk_id = w.add_chunk(run_id, key, source, batch.start, batch.end, batch.points, batch.events)
-    for table, frame in frames.items():
-        w.add(table, frame)
+    next_id[0] += 1
+    res.chunks.append(chunk_row(chunk_id, run_id, key, source, batch.start, batch.end, len(batch.points)))
+    res.chunk_ids.append((source, chunk_id))
+    if events is not None:
+        pending.append(pool.submit(lambda: (None, store_parts.write_events(root, run_id, chunk_id, events))))
+    if share and 0 < len(batch.points) < SHARED_BELOW:  # written with other runs' by the writer
+        table, tags = store_parts.scalar_table(run_id, chunk_id, batch.points)
+        res.chunk_tags.append(tags)
+        res.shared.append((run_id, chunk_id, table))
+    elif len(batch.points):
+        pending.append(pool.submit(store_parts.write_scalars, root, run_id, chunk_id, batch.points))
+    while len(pending) > 2:
+        with disk_full_is_a_store_error(root):
+            _collect(res, pending.pop(0).result())
+    res.problems += problems
+    res.evidence += evidence
+    res.plugins += plugins
     if config:
-        w.set_run_config(run_id, config)
-    return chunk_id
+        res.configs.append(config)
+
+
+def _apply(w: StoreWriter, results: list[FileResult], report: IngestReport) -> None:
+    """Stage what `read_run` returned, file by file, in the order it was read."""
+    for res in results:
+        if res.not_read is not None:
+            _set_problem(w, report, Path(res.path), res.run_id, "not_read", res.not_read)
+            continue
+        w.add_written(res.chunks, res.chunk_tags, res.parts, res.shared)
+        for table, rows in (("problems", res.problems), ("evidence", res.evidence), ("plugins", res.plugins)):
+            w.add_rows(table, rows)
+        for config in res.configs:
+            w.set_run_config(res.run_id, config)
+        w.set_file(res.file_row)
+        report.chunks += [(res.run_id, res.path, source, cid) for source, cid in res.chunk_ids]
+        report.problems += [(res.path, p) for p in res.reported]
+        if res.note:
+            report.notes.append((res.path, res.note))
+        report.points += res.points
+        report.bytes_read += res.bytes_read
+        report.files_read += 1
+        report.runs.add(res.run_id)
+
+
+def _run_tasks(w: StoreWriter, files: list[tuple[FileTask, str]], check_crc: bool) -> list[RunTask]:
+    """One task per run (files in the order given, which puts configuration first), numbered
+    from the writer's next chunk id."""
+    tasks: dict[str, RunTask] = {}
+    for ft, run_id in files:
+        if run_id not in tasks:
+            first = w.next_chunk_id + len(tasks) * CHUNKS_PER_TASK
+            tasks[run_id] = RunTask(
+                str(w.root), run_id, [], w.run_config(run_id), w.plugins(run_id), first, check_crc
+            )
+        tasks[run_id].files.append(ft)
+    if len(tasks) >= SHARED_MIN_RUNS:
+        for t in tasks.values():
+            t.share_small = True
+    return list(tasks.values())
+
+
+def _read_runs(
+    w: StoreWriter, tasks: list[RunTask], executor: Executor, report: IngestReport, progress=None, bar=None
+) -> None:
+    for task, results in zip(tasks, executor.map(read_run, tasks), strict=True):
+        _apply(w, results, report)
+        if progress is not None:
+            progress.advance(bar, sum(r.bytes_read for r in results))
+        del task
+
+
+def default_executor(tasks: list[RunTask], total_bytes: int, light: bool) -> Executor:
+    """In this process for a handful of runs or a watch's poll; a process per core for many."""
+    many = len(tasks) >= PARALLEL_MIN_TASKS and total_bytes >= PARALLEL_MIN_BYTES
+    return LocalExecutor(os.cpu_count() if many and not light else 1)
 
 
 def reread(w: StoreWriter, rows: list[dict], check_crc: bool = True) -> list[str]:
     """Read files again from 0 into `w` (their stored data already dropped), as they were read
     before: same run, same format. The `reread` hook of `workbench check --repair`."""
-    by_name = {i.name: i for i in make_ingestors(check_crc=check_crc)}
-    report = IngestReport()
-    out = []
+    by_name = _ingestors(check_crc)
     rows = sorted(rows, key=lambda r: (r["run_id"], not by_name[r["format"]].is_config, r["path"]))
-    with _progress(Console(stderr=True), 0) as progress:
-        task = progress.add_task("reread", total=0)
-        for row in rows:
-            path, ingestor = Path(row["path"]), by_name[row["format"]]
-            before, problems = report.points, len(report.problems)
-            appendable = ingestor.appendable and not is_gz(path)
-            f = Found(path, path.parent, row["format"])
-            _read_file(w, ingestor, f, row["run_id"], 0, None, appendable, report, progress, task)
-            more = len(report.problems) - problems
+    files = [
+        (
+            FileTask(
+                r["path"],
+                str(Path(r["path"]).parent),
+                r["format"],
+                0,
+                None,
+                by_name[r["format"]].appendable and not is_gz(Path(r["path"])),
+            ),
+            r["run_id"],
+        )
+        for r in rows
+    ]
+    out = []
+    for task in _run_tasks(w, files, check_crc):
+        for res in read_run(task):
+            report = IngestReport()
+            _apply(w, [res], report)
+            more = len(report.problems)
             out.append(
-                f"{path}: read again from the log, {report.points - before:,} points"
+                f"{res.path}: read again from the log, {report.points:,} points"
                 + (f", {more} problems" if more else "")
             )
     return out

@@ -83,8 +83,35 @@ def main():
     """
 
 
+def _executor_options(f):
+    f = click.option(
+        "--address",
+        default=None,
+        metavar="ADDR",
+        help="With --executor ray: the cluster to join (default: $RAY_ADDRESS, else a local one).",
+    )(f)
+    return click.option(
+        "--executor",
+        "executor_name",
+        type=click.Choice(["local", "ray"]),
+        default="local",
+        show_default=True,
+        help="Where per-run work runs: here, or as Ray tasks (pip install -e '.[ray]').",
+    )(f)
+
+
+def _executor(name, address):
+    """None for the local default (the library picks in-process or a process per core); Ray
+    only when asked for."""
+    from workbench.executor import make_executor
+
+    if name == "local" and not address:
+        return None
+    return make_executor(name, address)
+
+
 @main.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, metavar="PATHS...")
 @_store_option
 @click.option("--strict", is_flag=True, help="Exit non-zero when any file or record had a problem.")
 @click.option("--no-crc", is_flag=True, help="Skip TensorBoard CRC checks (faster; damage goes unnoticed).")
@@ -102,30 +129,43 @@ def main():
     metavar="SECONDS",
     help="How long to wait for another ingest writing to the same store.",
 )
-def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s):
-    """Read every log under PATHS into the store, incrementally.
+@_executor_options
+def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s, executor_name, address):
+    """Read every log under PATHS (folders, files, or object-storage URLs) into the store,
+    incrementally.
 
     A run is a folder holding log files; its id is its path relative to PATH. Unchanged files
     are not re-read, grown files are read from where the last ingest stopped, and damaged
     records are skipped and reported with their byte offset. Exits 0 when problems were only
     per file or record, 1 with --strict if there were any, 2 when nothing could be read.
+    An s3:// (gs://, az://, any fsspec) URL is mirrored into the store, fetching only what
+    changed (pip install -e '.[s3]'; credentials and endpoint as fsspec takes them, e.g.
+    $FSSPEC_S3_ENDPOINT_URL).
 
     \b
     Example:
       workbench ingest ./runs --store .workbench
+      workbench ingest s3://lab-logs/pretrain --store .workbench
       workbench sql "SELECT * FROM problems"
     """
     from ingest.pipeline import ingest as run_ingest
     from ingest.pipeline import print_report
+    from ingest.source import as_urls, resolve
 
+    st = _store(store)
+    paths, synced = resolve(list(paths), st.root)
+    for s in synced:
+        err.print(escape(s.line()), highlight=False)
     report = run_ingest(
-        list(paths),
-        _store(store),
+        paths,
+        st,
         check_crc=not no_crc,
         hash_checkpoints=hash_checkpoints,
         wait_s=wait_s,
         console=err,
+        executor=_executor(executor_name, address),
     )
+    as_urls(report, synced)
     print_report(report, err)
     if report.log_files == 0:
         raise NotFoundError(
@@ -176,6 +216,32 @@ def check(repair, store, wait_s):
     render.check_report(report)
     if not report.ok:
         sys.exit(1)
+
+
+@main.command()
+@_store_option
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for an ingest writing to the same store.",
+)
+def compact(store, wait_s):
+    """Merge every scalar part of the store, and the compacted files, into one file sorted by
+    run, tag and step (rows of dropped chunks left out), so that a query for one run reads a
+    few row groups. Ingest compacts by itself past a number of small parts; this also sheds
+    the rows that re-ingests left behind in compacted files.
+
+    \b
+    Example:
+      workbench compact --store .workbench
+    """
+    s = _store(store)
+    merged = s.compact(wait_s=wait_s)
+    err.print(f"compacted {merged} Parquet files into one", highlight=False)
 
 
 @main.command()
@@ -290,7 +356,8 @@ def rules(rules_file, fmt):
     "--runs", "runs_glob", default=None, metavar="GLOB", help="Only runs whose id matches (e.g. 'sweep_*')."
 )
 @_store_option
-def replay(rules_file, runs_glob, store):
+@_executor_options
+def replay(rules_file, runs_glob, store, executor_name, address):
     """Replay rules over stored runs as they would have fired live; store the alerts.
 
     Each rule runs at its own parameters ([rule.params]); `workbench backtest` also sweeps.
@@ -305,7 +372,7 @@ def replay(rules_file, runs_glob, store):
     from detectors.replay import replay as run_replay
     from workbench import render
 
-    result = run_replay(_store(store), _load_rules(rules_file), runs_glob)
+    result = run_replay(_store(store), _load_rules(rules_file), runs_glob, _executor(executor_name, address))
     render.replay_summary(result.summary(), result, err)
 
 
@@ -385,6 +452,7 @@ def replay(rules_file, runs_glob, store):
 )
 @_store_option
 @_format_option
+@_executor_options
 def backtest(
     rules_file,
     runs_glob,
@@ -400,6 +468,8 @@ def backtest(
     out_dir,
     store,
     fmt,
+    executor_name,
+    address,
 ):
     """Score rules (and each point of their sweeps) and convergence predictors on labelled runs.
 
@@ -432,6 +502,7 @@ def backtest(
         budget=budget,
         folds=folds,
         holdout_glob=holdout_glob,
+        executor=_executor(executor_name, address),
     )
     if out_dir:
         result.write(out_dir)

@@ -171,15 +171,25 @@ class Watch:
             schema={"run_id": pl.String, "source": pl.String, "chunk_id": pl.Int64},
             orient="row",
         ).with_columns(rank=pl.col("source").replace_strict(ranks, default=1_000_000, return_dtype=pl.Int64))
-        parts = [p for r, _, _, c in fresh if (p := layout.scalar_part(self.store.root, r, c)).exists()]
+        # a chunk's points lie in its own part, or among other runs' in a shared file
+        listed = (
+            layout.read_meta("parts", gen)
+            .filter(pl.col("kind") == "scalars")
+            .join(chunks.select("chunk_id", "run_id"), on="chunk_id")
+        )
+        files = sorted(
+            set(layout.part_files(self.store.root, *listed.select("kind", "run_id", "chunk_id", "file")))
+        )
         points = pl.DataFrame(
             schema={"chunk_id": pl.Int64, "tag": pl.String, "step": pl.Int64, "value": pl.Float64}
         )
-        if parts:
+        if files:
             points = (
-                pl.read_parquet(parts, columns=["chunk_id", "tag", "step", "value", "local_superseded"])
-                .filter(~pl.col("local_superseded"))
+                pl.scan_parquet(files)
+                .select("chunk_id", "tag", "step", "value", "local_superseded")
+                .filter(pl.col("chunk_id").is_in(chunks["chunk_id"].implode()) & ~pl.col("local_superseded"))
                 .select("chunk_id", pl.col("tag").cast(pl.String), "step", "value")
+                .collect()
             )
         points = points.with_columns(
             metric=pl.col("tag").replace_strict(

@@ -39,11 +39,16 @@ def expected_parts(root: Path, tables: dict[str, pl.DataFrame]) -> pl.DataFrame:
     recorded = tables["parts"].join(chunks.drop("rows"), on="chunk_id", how="inner")
     legacy = (
         chunks.filter((pl.col("rows") > 0) & ~pl.col("chunk_id").is_in(tables["parts"]["chunk_id"].implode()))
-        .with_columns(kind=pl.lit("scalars"), size=pl.lit(None, pl.Int64), sha256=pl.lit(None, pl.String))
+        .with_columns(
+            kind=pl.lit("scalars"),
+            size=pl.lit(None, pl.Int64),
+            sha256=pl.lit(None, pl.String),
+            file=pl.lit(None, pl.String),
+        )
         .select(recorded.columns)
     )
     parts = pl.concat([recorded, legacy]).sort("chunk_id", "kind")
-    files = layout.part_files(root, parts["kind"], parts["run_id"], parts["chunk_id"])
+    files = layout.part_files(root, parts["kind"], parts["run_id"], parts["chunk_id"], parts["file"])
     return parts.with_columns(file=pl.Series(files, dtype=pl.String))
 
 
@@ -55,10 +60,15 @@ def quick_check(root: Path, gen: Path, tables: dict[str, pl.DataFrame] | None = 
     if out:
         return out
     parts = expected_parts(root, tables or read_tables(gen))
+    sizes: dict[str, int | None] = {}  # a compacted file holds many chunks: one stat
     for i, (file, want) in enumerate(zip(parts["file"], parts["size"], strict=True)):
-        try:
-            size = os.stat(file).st_size
-        except FileNotFoundError:
+        if file not in sizes:
+            try:
+                sizes[file] = os.stat(file).st_size
+            except FileNotFoundError:
+                sizes[file] = None
+        size = sizes[file]
+        if size is None:
             out.append(_damage(root, parts.row(i, named=True), "missing", "is missing"))
             continue
         if want is not None and size != want:
@@ -72,6 +82,7 @@ def verify_parts(root: Path, parts: pl.DataFrame) -> list[Damage]:
     """Every part present, of its recorded size and sha256 (or, for parts written before those
     were recorded, a readable Parquet file with as many rows as its chunk)."""
     out = []
+    sums: dict[Path, str] = {}  # a compacted file holds many chunks: hashed once
     for row in parts.iter_rows(named=True):
         path = Path(row["file"])
         try:
@@ -82,7 +93,7 @@ def verify_parts(root: Path, parts: pl.DataFrame) -> list[Damage]:
         if row["size"] is not None:
             if size != row["size"]:
                 out.append(_damage(root, row, "size", f"has {size:,} bytes, {row['size']:,} were written"))
-            elif layout.sha256_file(path) != row["sha256"]:
+            elif (sums.get(path) or sums.setdefault(path, layout.sha256_file(path))) != row["sha256"]:
                 out.append(_damage(root, row, "checksum", "does not match its sha256 (its bytes changed)"))
             continue
         try:

@@ -8,9 +8,15 @@ meta/gNNNNNNNN/*.parquet       one immutable generation: files, chunks, chunk_ta
 meta/gNNNNNNNN/MANIFEST.json   size and sha256 of each of its tables
 scalars/<run-key>/cN.parquet   points of one chunk (a batch of one source file), zstd
 events/<run-key>/eN.parquet    events of one chunk
+scalars/_compacted/kN_M.parquet  the points of many chunks, sorted by run so that DuckDB skips
+                               the row groups of other runs: merged by compaction (also sorted by
+                               tag and step), or the small chunks of many runs that one ingest
+                               wrote together (a file per few million points instead of one per run)
 catalog.duckdb                 views for the duckdb CLI, rebuilt (temp + rename) on each commit
 CATALOG                        the generation catalog.duckdb reads (kept while it does)
 lock                           held by the one process that may write
+lake/files/<scheme>/<bucket>/  the mirror of object-storage prefixes ingested by URL (ingest/source.py)
+lake/manifest/<url-hash>.json  each object's ETag, size and mtime at its last sync
 
 An empty marker (a store written before format versions, or one not yet published) is format 1.
 """
@@ -18,6 +24,7 @@ An empty marker (a store written before format versions, or one not yet publishe
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -38,9 +45,10 @@ MARKER_TEXT = f"training-log-workbench store, format {FORMAT_VERSION}\n"
 MANIFEST = "MANIFEST.json"
 GENERATION = re.compile(r"g\d{8}")
 PART_NAME = {
-    "scalars": re.compile(r"c(\d+)\.parquet(\.tmp)?"),
+    "scalars": re.compile(r"[ck](\d+)(_\d+)?\.parquet(\.tmp)?"),
     "events": re.compile(r"e(\d+)\.parquet(\.tmp)?"),
 }
+COMPACTED = "_compacted"  # run keys always end in -<hash>, so no run's folder has this name
 
 
 def store_path(explicit: str | os.PathLike | None = None) -> Path:
@@ -50,6 +58,11 @@ def store_path(explicit: str | os.PathLike | None = None) -> Path:
 
 def is_store(folder: Path) -> bool:
     return (folder / MARKER).is_file()
+
+
+def lake_dir(root: Path) -> Path:
+    """Where ingests of object-storage URLs keep their mirror and its manifest."""
+    return root / "lake"
 
 
 def run_key(run_id: str) -> str:
@@ -66,12 +79,21 @@ def event_part(root: Path, run_id: str, chunk_id: int) -> Path:
     return root / "events" / run_key(run_id) / f"e{chunk_id}.parquet"
 
 
-def part_files(root: Path, kinds, run_ids, chunk_ids) -> list[str]:
+def compacted_part(root: Path, number: int, seq: int) -> Path:
+    """The `seq`th file of many chunks that generation `number` is the first to list."""
+    return root / "scalars" / COMPACTED / f"k{number}_{seq}.parquet"
+
+
+def part_files(root: Path, kinds, run_ids, chunk_ids, files=None) -> list[str]:
     """The paths of many parts as strings, as `scalar_part` and `event_part` name them (one run
-    key per run)."""
+    key per run); `files`: the store-relative file of parts compacted into a shared one."""
     folders: dict[tuple[str, str], str] = {}
     out = []
-    for kind, run_id, chunk_id in zip(kinds, run_ids, chunk_ids, strict=True):
+    files = files if files is not None else [None] * len(chunk_ids)
+    for kind, run_id, chunk_id, file in zip(kinds, run_ids, chunk_ids, files, strict=True):
+        if file is not None:
+            out.append(f"{root}/{file}")
+            continue
         folder = folders.get((kind, run_id))
         if folder is None:
             folder = folders[kind, run_id] = str(root / kind / run_key(run_id))
@@ -244,6 +266,23 @@ def fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sync_filesystem(root: Path) -> None:
+    """Flush every file written under `root` to disk at once (Linux `syncfs`; `sync` elsewhere):
+    parts are written without an fsync each (10k small runs would pay 10k of them), and this
+    runs before a generation that lists them is published."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            if libc.syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        pass
+    os.sync()
 
 
 def fsync_dir(path: Path) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 
 @dataclass
@@ -98,8 +97,18 @@ class PointsBuilder:
         return pts
 
 
-@njit(cache=True, nogil=True)
+_COMPILED: list = []  # numba is imported on the first write: reading the store never pays for it
+
+
 def _supersede(order, codes, steps):
+    if not _COMPILED:
+        from numba import njit
+
+        _COMPILED.append(njit(cache=True, nogil=True)(_supersede_loop))
+    return _COMPILED[0](order, codes, steps)
+
+
+def _supersede_loop(order, codes, steps):
     """Walk each tag's points from last to first: a point is superseded when a later point of
     the same tag has a step <= its own."""
     n = order.shape[0]

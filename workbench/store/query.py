@@ -37,7 +37,7 @@ def run_query(store: Store, query: str, fmt: str = "csv", params: list | None = 
         raise QueryError(
             f"only SELECT queries are allowed (got {stmts[0].type.name}); the store is read-only here"
         )
-    con = store.connect()
+    con = store.connect(query)
     fd, tmp = tempfile.mkstemp(suffix="." + fmt)
     os.close(fd)
     try:

@@ -58,6 +58,11 @@ CHUNK_TAGS = {
     "points": pl.Int64,
     "min_step": pl.Int64,
     "max_step": pl.Int64,
+    # what run status needs without reading points: the last step of a finite point not
+    # superseded inside the chunk (null: none), and how many points are NaN/Inf (null: a chunk
+    # written before these were kept, whose points the views read instead)
+    "finite_step": pl.Int64,
+    "nonfinite": pl.Int64,
 }
 
 # The Parquet parts a chunk wrote, as written: what `workbench check` verifies them against.
@@ -66,7 +71,9 @@ PARTS = {
     "kind": pl.String,  # scalars | events
     "rows": pl.Int64,
     "size": pl.Int64,
-    "sha256": pl.String,
+    "sha256": pl.String,  # size and sha256 are the file's (a compacted file's: shared by its chunks)
+    # null: the chunk's own part; else the compacted file (store-relative) that holds its rows
+    "file": pl.String,
 }
 PART_KINDS = ("scalars", "events")
 

@@ -23,10 +23,10 @@ import pyarrow as pa
 import workbench.store.check as check_mod
 import workbench.store.integrity as integrity
 import workbench.store.layout as layout
+import workbench.store.views as views
 from workbench.errors import StoreError
 from workbench.store.layout import store_path
 from workbench.store.sql import duckdb_config
-from workbench.store.views import view_statements
 from workbench.store.writer import CLI_LABEL_ORIGIN, StoreWriter
 
 
@@ -45,10 +45,11 @@ class Store:
     def exists(self) -> bool:
         return self.current_generation() is not None
 
-    def connect(self) -> duckdb.DuckDBPyConnection:
+    def connect(self, query: str | None = None) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB connection with the store's views (read-only by construction,
-        offline: no extension is installed or loaded). A store with a missing part or an
-        unreadable table refuses (StoreError) rather than answer without them."""
+        offline: no extension is installed or loaded); with `query`, only the views it may read
+        (a one-shot query starts faster). A store with a missing part or an unreadable table
+        refuses (StoreError) rather than answer without them."""
         gen = self.current_generation()
         if gen is None:
             raise StoreError(
@@ -58,7 +59,8 @@ class Store:
             raise StoreError(integrity.damage_message(self.root, damage))
         con = duckdb.connect(":memory:", config=duckdb_config())
         try:
-            for stmt in view_statements(self.root, gen):
+            stmts = views.view_statements(self.root, gen)
+            for stmt in stmts if query is None else views.needed(stmts, query):
                 con.execute(stmt)
         except (duckdb.Error, OSError, pa.ArrowException) as e:
             con.close()
@@ -84,6 +86,14 @@ class Store:
                 [{"run_id": run_id, "outcome": outcome, "onset": onset, "kind": kind, "note": note}],
             )
             w.commit()
+
+    def compact(self, wait_s: float = 60.0) -> int:
+        """`workbench compact`: every scalar part merged into one file (see StoreWriter.compact)."""
+        with self.writer(wait_s=wait_s) as w:
+            merged = w.compact(everything=True)
+            if merged:
+                w.commit()
+        return merged
 
     @contextlib.contextmanager
     def writer(self, wait_s: float = 60.0) -> Iterator[StoreWriter]:

@@ -13,11 +13,14 @@ from the points themselves (a non-finite last loss), strongest first, with the e
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import polars as pl
 import pyarrow.parquet as pq
 
 import workbench.store.aliases as aliases
+import workbench.store.integrity as integrity
 import workbench.store.schema as schema
 from workbench.store.sql import duck_type, empty_select, glob_literal
 
@@ -41,13 +44,24 @@ def _parts_sql(folder: Path, pattern: str, sch: dict, select: str) -> str:
     return empty_select(sch)
 
 
+def _scalar_parts_sql(root: Path, gen: Path) -> str:
+    """The scalar parts this generation lists, by name (no folder listing; a compacted file once),
+    less the rows of chunks dropped since they were compacted."""
+    parts = integrity.expected_parts(root, integrity.read_tables(gen))
+    files = parts.filter(pl.col("kind") == "scalars")["file"].unique(maintain_order=True).to_list()
+    if not files:
+        return empty_select(schema.SCALAR_PART)
+    listed = ", ".join(glob_literal(f) for f in files)
+    return f"SELECT p.* FROM read_parquet([{listed}]) p SEMI JOIN _chunks c ON c.chunk_id = p.chunk_id"
+
+
 def view_statements(root: Path, gen: Path) -> list[str]:
     """CREATE VIEW statements for the documented views over one generation."""
     stmts = [
         f"CREATE OR REPLACE VIEW _{t} AS {_meta_sql(gen, t, sch)}"
         for t, sch in {**schema.META_TABLES, **schema.DERIVED_TABLES}.items()
     ]
-    part_sql = _parts_sql(root / "scalars", "*/c*.parquet", schema.SCALAR_PART, "SELECT * FROM {src}")
+    part_sql = _scalar_parts_sql(root, gen)
     event_sql = _parts_sql(
         root / "events",
         "*/e*.parquet",
@@ -136,11 +150,24 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         "size, files, metadata, sha256 FROM _checkpoints",
         # per run and canonical metric: the values that turned NaN/Inf after a finite one and
         # stayed so to the end (the last loss; 3+ values of any other metric)
+        # (the last finite step from the chunk lists; past it every point is non-finite, so only
+        # the chunks that hold such points are read)
+        # chunks that hold a NaN/Inf point, or may (written before chunk_tags counted them)
+        """CREATE OR REPLACE VIEW _nonfinite_chunks AS
+           SELECT chunk_id, max(nonfinite) AS nonfinite FROM _chunk_tags GROUP BY chunk_id
+           HAVING max(nonfinite) IS NULL OR max(nonfinite) > 0""",
         """CREATE OR REPLACE VIEW _nonfinite_tails AS
-           WITH pts AS (SELECT p.run_id, m.metric, p.step, p.value FROM _parts p JOIN _tag_metric m USING (tag)
-                        WHERE m.metric IS NOT NULL AND NOT p.local_superseded),
-                last_finite AS (SELECT run_id, metric, max(step) FILTER (WHERE isfinite(value)) AS step
-                                FROM pts GROUP BY ALL)
+           WITH old AS (SELECT p.chunk_id, p.tag, max(p.step) FILTER (WHERE isfinite(p.value)) AS finite_step
+                        FROM _parts p SEMI JOIN (SELECT chunk_id FROM _nonfinite_chunks WHERE nonfinite IS NULL) o
+                        USING (chunk_id) WHERE NOT p.local_superseded GROUP BY ALL),
+                last_finite AS (SELECT c.run_id, m.metric, max(coalesce(ct.finite_step, old.finite_step)) AS step
+                                FROM _chunk_tags ct JOIN _chunks c USING (chunk_id)
+                                JOIN _tag_metric m ON m.tag = ct.tag
+                                LEFT JOIN old ON old.chunk_id = ct.chunk_id AND old.tag = ct.tag
+                                WHERE m.metric IS NOT NULL GROUP BY ALL),
+                pts AS (SELECT p.run_id, m.metric, p.step, p.value FROM _parts p JOIN _tag_metric m USING (tag)
+                        SEMI JOIN _nonfinite_chunks USING (chunk_id)
+                        WHERE m.metric IS NOT NULL AND NOT p.local_superseded AND NOT isfinite(p.value))
            SELECT pts.run_id, pts.metric, min(pts.step) AS from_step, count(DISTINCT pts.step) AS n,
                   CASE WHEN isnan(arg_min(pts.value, pts.step)) THEN 'NaN'
                        WHEN arg_min(pts.value, pts.step) > 0 THEN 'Inf' ELSE '-Inf' END AS value
@@ -152,6 +179,7 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         """CREATE OR REPLACE VIEW _auto_labels AS
            WITH nf AS (SELECT run_id, min(onset) AS onset FROM (
                            SELECT p.run_id, min(p.step) AS onset FROM _parts p JOIN _tag_metric m USING (tag)
+                           SEMI JOIN _nonfinite_chunks USING (chunk_id)
                            WHERE m.metric = 'loss' AND NOT isfinite(p.value) GROUP BY p.run_id
                            UNION ALL SELECT run_id, min(from_step) FROM _nonfinite_tails GROUP BY run_id)
                        GROUP BY run_id),
@@ -213,6 +241,24 @@ def view_statements(root: Path, gen: Path) -> list[str]:
            FROM _runs_base rb LEFT JOIN cont USING (run_id) LEFT JOIN agreement USING (run_id)""",
     ]
     return stmts
+
+
+_VIEW_NAME = re.compile(r"CREATE OR REPLACE VIEW (\w+) AS")
+_WORD = re.compile(r"\w+")
+
+
+def needed(stmts: list[str], query: str) -> list[str]:
+    """The statements of the views `query` may read, and of those they read in turn (a word of
+    the query or of a view's text that names a view): a query that reads no view creates none."""
+    by_name = {(m := _VIEW_NAME.match(s))[1].lower(): (s, s[m.end() :].lower()) for s in stmts}
+    todo = [w for w in _WORD.findall(query.lower()) if w in by_name]
+    want = set()
+    while todo:
+        name = todo.pop()
+        if name not in want:
+            want.add(name)
+            todo += [w for w in _WORD.findall(by_name[name][1]) if w in by_name]
+    return [s for name, (s, _) in by_name.items() if name in want]  # in order: views after what they read
 
 
 def run_status_sql() -> str:

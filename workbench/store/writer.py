@@ -20,15 +20,14 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 import workbench.store.integrity as integrity
 import workbench.store.layout as layout
+import workbench.store.parts as parts_mod
 import workbench.store.schema as schema
 from workbench.errors import StoreError
-from workbench.store.points import Points, order_and_supersede
-from workbench.store.sql import duckdb_config
+from workbench.store.points import Points
+from workbench.store.sql import duckdb_config, glob_literal
 from workbench.store.views import view_statements
 
 CLI_LABEL_ORIGIN = "workbench label"
@@ -52,12 +51,31 @@ def disk_full_is_a_store_error(root: Path):
         ) from None
 
 
-def _deep_merge(base: dict, new: dict) -> dict:
+def deep_merge(base: dict, new: dict) -> dict:
     """`new` over `base`; nested objects merge key by key (results.train beside results.all)."""
     out = dict(base)
     for k, v in new.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+def chunk_row(chunk_id: int, run_id: str, path: str, source: str, start: int, end: int, rows: int) -> dict:
+    return {
+        "chunk_id": chunk_id,
+        "run_id": run_id,
+        "path": path,
+        "source": source,
+        "start_offset": start,
+        "end_offset": end,
+        "rows": rows,
+    }
+
+
+COMPACT_AT = 256  # own scalar parts in a generation past which a commit merges them into one file
+SHARED_ROWS = 1 << 22  # points of small chunks gathered before they are written as one file
+
+
+KEYED = {"files": "path", "run_config": "run_id"}  # tables with one row per key
 
 
 class StoreWriter:
@@ -76,11 +94,22 @@ class StoreWriter:
             raise StoreError(integrity.damage_message(root, damage))
         self.next_chunk_id = int(self.tables["chunks"]["chunk_id"].max() or 0) + 1
         self._new: dict[str, list[pl.DataFrame]] = {t: [] for t in schema.META_TABLES}
+        # staged cheaply, made frames once when the table is next read (thousands of small runs
+        # would otherwise pay a polars frame per row): raw rows, and upserts by key
+        self._rows: dict[str, list] = {t: [] for t in schema.META_TABLES}
+        self._cols: dict[str, list[dict]] = {t: [] for t in schema.META_TABLES}  # dicts of columns
+        self._upserts: dict[str, dict[str, dict]] = {t: {} for t in KEYED}
+        self._index: dict[str, dict] = {}  # table -> {key: row(s)}, built on first lookup
         self.changed_runs: set[str] = set()  # runs whose files were read, dropped or rewritten
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet")
         self._pending: list = []
+        self._shared: list = []  # (run_id, chunk_id, table) of small chunks not yet written
+        self._shared_rows = 0
+        self._shared_files = 0
         self.derive_errors: dict[str, str] = {}  # derived table -> why the last one was kept
-        self._collect_garbage()
+        # above every chunk a kept generation lists (a reader may still be on the previous one,
+        # whose dropped chunks' parts must not be overwritten by new ones of the same name)
+        self.next_chunk_id = max(self.next_chunk_id, self._collect_garbage() + 1)
 
     # Everything is keyed by source path: a rewritten or moved file is dropped whole, then re-read.
     def drop_file(self, path: str) -> None:
@@ -131,21 +160,7 @@ class StoreWriter:
             else None
         )  # built first: an event that does not fit its columns stages nothing of the chunk
         self.next_chunk_id += 1
-        self.add(
-            "chunks",
-            pl.DataFrame(
-                {
-                    "chunk_id": [chunk_id],
-                    "run_id": [run_id],
-                    "path": [path],
-                    "source": [source],
-                    "start_offset": [start],
-                    "end_offset": [end],
-                    "rows": [len(points)],
-                },
-                schema=schema.CHUNKS,
-            ),
-        )
+        self.add_rows("chunks", [chunk_row(chunk_id, run_id, path, source, start, end, len(points))])
         if frame is not None:
             self._pending.append(self._pool.submit(self._write_events, run_id, chunk_id, frame))
         if len(points):
@@ -164,73 +179,54 @@ class StoreWriter:
         with disk_full_is_a_store_error(self.root):
             tags, part = future.result()
         if tags is not None:
-            self.add("chunk_tags", tags)
-        self.add("parts", [part])
-
-    def _publish_part(self, kind: str, chunk_id: int, rows: int, tmp: Path, part: Path) -> dict:
-        """Rename a written part into place; its `parts` row (size and sha256 as written)."""
-        layout.fsync_file(tmp)
-        row = {
-            "chunk_id": chunk_id,
-            "kind": kind,
-            "rows": rows,
-            "size": tmp.stat().st_size,
-            "sha256": layout.sha256_file(tmp),
-        }
-        os.replace(tmp, part)
-        return row
+            self._cols["chunk_tags"].append(tags)
+        self.add_rows("parts", part if isinstance(part, list) else [part])
 
     def _write_events(self, run_id: str, chunk_id: int, frame: pl.DataFrame) -> tuple[None, dict]:
-        part = layout.event_part(self.root, run_id, chunk_id)
-        part.parent.mkdir(parents=True, exist_ok=True)
-        tmp = part.with_name(part.name + ".tmp")
-        frame.write_parquet(tmp, compression="zstd")
-        return None, self._publish_part("events", chunk_id, frame.height, tmp, part)
+        return None, parts_mod.write_events(self.root, run_id, chunk_id, frame)
+
+    def _write_part(self, run_id: str, chunk_id: int, points: Points) -> tuple[dict, dict]:
+        return parts_mod.write_scalars(self.root, run_id, chunk_id, points)
+
+    def _write_shared(self) -> None:
+        """Write the small chunks gathered so far as one file (on the background thread)."""
+        if not self._shared:
+            return
+        path = self._new_file()
+        tables, self._shared, self._shared_rows = self._shared, [], 0
+        self._pending.append(
+            self._pool.submit(lambda: (None, parts_mod.write_shared(self.root, path, tables)))
+        )
+        while len(self._pending) > 2:
+            self._collect(self._pending.pop(0))
+
+    def _new_file(self) -> Path:
+        """A name for a file of many chunks that no kept generation lists: numbered for the
+        generation this writer publishes next, and its own sequence."""
+        self._shared_files += 1
+        return layout.compacted_part(self.root, self.generation + 1, self._shared_files)
 
     def _flush_parts(self) -> None:
+        self._write_shared()
         while self._pending:
             self._collect(self._pending.pop(0))
 
-    def _write_part(self, run_id: str, chunk_id: int, points: Points) -> tuple[pl.DataFrame, dict]:
-        """Write the part file; returns its per-tag step ranges (chunk_tags rows) and its parts row."""
-        n = len(points)
-        # dictionary in name order, so parts sort by (tag name, step)
-        by_name = np.argsort(np.array(points.tags, dtype=object))
-        rank = np.empty(len(by_name), np.int32)
-        rank[by_name] = np.arange(len(by_name), dtype=np.int32)
-        sorted_tags = [points.tags[i] for i in by_name]
-        points = Points(sorted_tags, rank[points.tag_code], points.step, points.wall_time, points.value)
-        order, superseded = order_and_supersede(points)
-        codes = points.tag_code[order]
-        steps = points.step[order]
-        table = pa.table(
-            {
-                "run_id": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([run_id])),
-                "chunk_id": pa.array(np.full(n, chunk_id, np.int64)),
-                "tag": pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(sorted_tags, pa.string())),
-                "step": pa.array(steps),
-                "wall_time": pa.array(points.wall_time[order]),
-                "value": pa.array(points.value[order]),
-                "local_superseded": pa.array(superseded[order]),
-            }
-        )
-        part = layout.scalar_part(self.root, run_id, chunk_id)
-        part.parent.mkdir(parents=True, exist_ok=True)
-        tmp = part.with_name(part.name + ".tmp")
-        pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
-        row = self._publish_part("scalars", chunk_id, n, tmp, part)
-        # codes are sorted, so each tag is one contiguous run
-        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-        tags = pl.DataFrame(
-            {
-                "chunk_id": np.full(len(starts), chunk_id, np.int64),
-                "tag": [sorted_tags[c] for c in codes[starts]],
-                "points": np.diff(np.r_[starts, n]),
-                "min_step": np.minimum.reduceat(steps, starts),
-                "max_step": np.maximum.reduceat(steps, starts),
-            }
-        )
-        return tags, row
+    def add_written(
+        self, chunks: list[dict], chunk_tags: list[dict], part_rows: list[dict], shared: list = ()
+    ) -> None:
+        """Stage chunks whose parts another process already wrote (`workbench.store.parts`):
+        their chunks rows, chunk_tags columns (dicts of lists) and parts rows; `shared`: the
+        (run_id, chunk_id, table) of small chunks it left for the writer to write together."""
+        if chunks:
+            self.next_chunk_id = max(self.next_chunk_id, max(c["chunk_id"] for c in chunks) + 1)
+            self.add_rows("chunks", chunks)
+        self._cols["chunk_tags"].extend(chunk_tags)
+        self.add_rows("parts", part_rows)
+        for item in shared:
+            self._shared.append(item)
+            self._shared_rows += item[2].num_rows
+        if self._shared_rows >= SHARED_ROWS:
+            self._write_shared()
 
     def frame(self, table: str, rows: pl.DataFrame | list[dict]) -> pl.DataFrame:
         """Rows in the table's columns; raises for a value that does not fit (before staging)."""
@@ -241,18 +237,67 @@ class StoreWriter:
     def add(self, table: str, rows: pl.DataFrame | list[dict]) -> None:
         df = self.frame(table, rows)
         if df.height:
+            self._settle(table)
             self._new[table].append(df)
+            self._index.pop(table, None)
+
+    def add_rows(self, table: str, rows: list[dict]) -> None:
+        """Stage rows made by this program (checked when the table is next read, in bulk)."""
+        if rows:
+            self._rows[table].extend(rows)
+            self._index.pop(table, None)
+
+    def _settle(self, table: str) -> None:
+        """Turn the rows staged cheaply into frames (upserts replace their key's row)."""
+        ups = self._upserts.get(table)
+        if ups:
+            key = KEYED[table]
+            gone = pl.col(key).is_in(pl.Series(list(ups), dtype=pl.String).implode())
+            self.tables[table] = self.tables[table].filter(~gone)
+            self._new[table] = [d.filter(~gone) for d in self._new[table]]
+            self._new[table].append(self.frame(table, list(ups.values())))
+            self._upserts[table] = {}
+        if rows := self._rows[table]:
+            self._rows[table] = []
+            self._new[table].append(self.frame(table, rows))
+        if cols := self._cols[table]:
+            self._cols[table] = []
+            joined = {c: np.concatenate([np.asarray(d[c]) for d in cols]) for c in cols[0]}
+            frame = pl.DataFrame(joined)
+            if "finite_step" in frame.columns:  # numpy has no null integer
+                frame = frame.with_columns(
+                    finite_step=pl.when(pl.col("finite_step") != parts_mod.NO_STEP).then(
+                        pl.col("finite_step")
+                    )
+                )
+            self._new[table].append(self.frame(table, frame))
 
     def _replace(self, table: str, keep: pl.Expr, rows: pl.DataFrame | list[dict] = ()) -> None:
         """Keep the rows matching `keep` (stored and staged), then stage `rows`."""
+        self._settle(table)
+        self._index.pop(table, None)
         self.tables[table] = self.tables[table].filter(keep)
         self._new[table] = [d.filter(keep) for d in self._new[table]]
         self.add(table, rows if isinstance(rows, pl.DataFrame) else list(rows))
 
+    def _upsert(self, table: str, row: dict) -> None:
+        key = row[KEYED[table]]
+        ups = self._upserts[table]
+        ups.pop(key, None)  # a replaced row goes last, as a fresh one would
+        ups[key] = row
+        if table in self._index:
+            self._index[table][key] = row
+
+    def _lookup(self, table: str, key: str) -> dict | None:
+        if table not in self._index:
+            df = self.table(table)
+            self._index[table] = dict(zip(df[KEYED[table]].to_list(), df.iter_rows(named=True), strict=True))
+        return self._index[table].get(key)
+
     def set_file(self, row: dict) -> None:
         """Insert or replace a file's manifest row."""
         self.changed_runs.add(row["run_id"])
-        self._replace("files", pl.col("path") != row["path"], [row])
+        self._upsert("files", row)
 
     def clear_problems(self, under: list[str], kinds: tuple[str, ...]) -> None:
         """Forget the problems of these kinds recorded for paths under these folders (or files)."""
@@ -308,25 +353,70 @@ class StoreWriter:
         )
 
     def set_run_config(self, run_id: str, config: dict) -> None:
-        merged = _deep_merge(self.run_config(run_id), config)
-        row = {"run_id": run_id, "config": json.dumps(merged, sort_keys=True)}
-        self._replace("run_config", pl.col("run_id") != run_id, [row])
+        merged = deep_merge(self.run_config(run_id), config)
+        self._upsert("run_config", {"run_id": run_id, "config": json.dumps(merged, sort_keys=True)})
 
     def run_config(self, run_id: str) -> dict:
-        df = self.table("run_config").filter(pl.col("run_id") == run_id)
-        return json.loads(df["config"][0]) if df.height else {}
+        row = self._lookup("run_config", run_id)
+        return json.loads(row["config"]) if row is not None else {}
 
     def plugins(self, run_id: str) -> dict[str, str]:
-        df = self.table("plugins").filter(pl.col("run_id") == run_id)
-        return dict(zip(df["tag"].to_list(), df["plugin"].to_list(), strict=True))
+        if "plugins" not in self._index:
+            by_run: dict[str, dict[str, str]] = {}
+            for r, tag, plugin in self.table("plugins").select("run_id", "tag", "plugin").iter_rows():
+                by_run.setdefault(r, {})[tag] = plugin
+            self._index["plugins"] = by_run
+        return dict(self._index["plugins"].get(run_id, {}))
 
     def table(self, name: str) -> pl.DataFrame:
         """The table as it will be committed (stored rows plus staged ones)."""
+        self._settle(name)
         return pl.concat([self.tables[name], *self._new[name]], how="vertical")
 
     def file_row(self, path: str) -> dict | None:
-        df = self.table("files").filter(pl.col("path") == path)
-        return df.row(0, named=True) if df.height else None
+        return self._lookup("files", path)
+
+    def compact(self, everything: bool = False) -> int:
+        """Merge the chunks' own small scalar parts (`everything`: and the compacted files, less
+        the rows of chunks dropped since) into one file sorted by run, tag and step, so that a
+        query for one run reads a few row groups instead of opening thousands of files. Only
+        the `parts` rows change (and only at commit do readers see them); the old files become
+        garbage for a later writer. Returns how many parts were merged."""
+        self._flush_parts()
+        parts = self.table("parts")
+        mine = (pl.col("kind") == "scalars") & (pl.lit(True) if everything else pl.col("file").is_null())
+        todo = parts.filter(mine).join(self.table("chunks").select("chunk_id", "run_id"), on="chunk_id")
+        files = sorted(
+            set(layout.part_files(self.root, todo["kind"], todo["run_id"], todo["chunk_id"], todo["file"]))
+        )
+        if len(files) < 2:
+            return 0
+        out = self._new_file()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        con = duckdb.connect(":memory:", config=duckdb_config())
+        try:
+            live = todo.select("chunk_id").to_arrow()  # noqa: F841 - read by the SQL below
+            listed = ", ".join(glob_literal(f) for f in files)
+            batches = con.sql(
+                f"SELECT p.* FROM read_parquet([{listed}]) p SEMI JOIN live USING (chunk_id) "
+                "ORDER BY run_id, tag, step, chunk_id"
+            ).to_arrow_reader(parts_mod.SHARED_ROW_GROUP)
+            parts_mod.write_batches(batches, tmp, parts_mod.SHARED_ROW_GROUP)
+        finally:
+            con.close()
+        row = parts_mod.publish("scalars", 0, 0, tmp, out)
+        merged = pl.col("chunk_id").is_in(todo["chunk_id"].implode()) & (pl.col("kind") == "scalars")
+        rel = str(out.relative_to(self.root))
+        update = {"file": pl.lit(rel), "size": pl.lit(row["size"]), "sha256": pl.lit(row["sha256"])}
+        self.tables["parts"] = self.tables["parts"].with_columns(
+            **{c: pl.when(merged).then(v).otherwise(pl.col(c)) for c, v in update.items()}
+        )
+        self._new["parts"] = [
+            d.with_columns(**{c: pl.when(merged).then(v).otherwise(pl.col(c)) for c, v in update.items()})
+            for d in self._new["parts"]
+        ]
+        return len(files)
 
     def commit(self, derive: dict[str, Derive] | None = None, catalog: bool = True) -> Path:
         """Publish everything staged as a new generation; returns its directory.
@@ -337,6 +427,14 @@ class StoreWriter:
         `catalog=False` leaves catalog.duckdb on an earlier generation (kept until the next
         catalog is written): for writers that commit every second (a live watch).
         """
+        with disk_full_is_a_store_error(self.root):
+            # before the number moves on: what they write is named for the generation to come
+            self._flush_parts()
+            if (
+                self.table("parts").filter(pl.col("file").is_null() & (pl.col("kind") == "scalars")).height
+                >= COMPACT_AT
+            ):
+                self.compact()
         self.generation += 1
         name = f"g{self.generation:08d}"
         meta = self.root / "meta"
@@ -345,7 +443,7 @@ class StoreWriter:
         final, published = meta / name, False
         try:
             with disk_full_is_a_store_error(self.root):
-                self._flush_parts()
+                layout.sync_filesystem(self.root)  # the parts it lists are on disk before it is
                 meta.mkdir(exist_ok=True)
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir()
@@ -372,6 +470,7 @@ class StoreWriter:
         for t in schema.META_TABLES:
             self.tables[t] = self.table(t)
             self._new[t] = []
+        self._index = {}
         self.previous = final
         self.changed_runs = set()
         if catalog:
@@ -428,10 +527,11 @@ class StoreWriter:
                 f"view of it) could not be written ({e}); the next ingest writes it again"
             ) from None
 
-    def _collect_garbage(self) -> None:
+    def _collect_garbage(self) -> int:
         """Remove what no live generation refers to: unpublished generations (killed writers),
         old ones, and parts no kept generation lists. Only what is proven unreferenced goes: a
-        kept generation that cannot be read keeps every part, a file not named like a part stays."""
+        kept generation that cannot be read keeps every part, a file not named like a part stays.
+        Returns the highest chunk id a kept generation lists (0 for none)."""
         meta = self.root / "meta"
         if meta.is_dir():
             for p in meta.iterdir():
@@ -452,12 +552,16 @@ class StoreWriter:
             if g not in keep:
                 shutil.rmtree(g, ignore_errors=True)
         live: set[Path] = set()
+        highest = 0
         for g in keep:
             try:
-                chunks = pl.read_parquet(g / "chunks.parquet", columns=["chunk_id", "run_id"], glob=False)
+                tables = {t: layout.read_meta(t, g) for t in ("chunks", "parts")}
             except Exception:  # noqa: BLE001 - unreadable: which parts it lists is unknown
-                return
-            for kind in schema.PART_KINDS:
+                return highest
+            highest = max(highest, int(tables["chunks"]["chunk_id"].max() or 0))
+            live.update(map(Path, integrity.expected_parts(self.root, tables)["file"]))
+            chunks = tables["chunks"].filter(~pl.col("chunk_id").is_in(tables["parts"]["chunk_id"].implode()))
+            for kind in schema.PART_KINDS:  # chunks written before `parts`: their parts by name
                 n = chunks.height
                 live.update(
                     map(Path, layout.part_files(self.root, [kind] * n, chunks["run_id"], chunks["chunk_id"]))
@@ -467,3 +571,4 @@ class StoreWriter:
                 for part in (self.root / kind).glob("*/*"):
                     if layout.PART_NAME[kind].fullmatch(part.name) and part not in live:
                         part.unlink(missing_ok=True)
+        return highest

@@ -1,0 +1,235 @@
+"""Many runs: every executor stages the same rows; compaction keeps every point and the store's
+integrity; the vectorised JSONL reader gives the line reader's points."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from ingest.jsonl import RecordsToPoints, block_points
+from ingest.pipeline import ingest
+from tests.writers import tbx_scalars
+from workbench.executor import LocalExecutor
+from workbench.store import Store
+
+ORDER = "ORDER BY run_id, tag, step, source_file, segment"
+
+
+def _runs(root: Path) -> Path:
+    for i in range(4):
+        run = root / f"run{i}"
+        run.mkdir(parents=True)
+        lines = [
+            json.dumps({"step": s, "loss": 2.0 / s, "lr": 1e-4, "timestamp": 1.7e9 + s})
+            for s in range(1, 120)
+        ]
+        if i == 1:
+            lines.insert(50, "{not json")  # a block the vectorised reader leaves to the line reader
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        with open(run / "training.log", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["epoch", "accuracy", "loss"])
+            for e in range(5):
+                w.writerow([e, 0.5 + e / 10, 1.0 / (e + 1)])
+        tbx_scalars(run / "tb", {"train/loss": [(s, 1.0 / s) for s in range(1, 30)]})
+    return root
+
+
+def _tables(store: Store) -> dict[str, pl.DataFrame]:
+    con = store.connect()
+    try:
+        return {
+            "scalars_all": con.sql(f"SELECT * FROM scalars_all {ORDER}").pl(),
+            "problems": con.sql('SELECT * FROM problems ORDER BY path, "offset", kind').pl(),
+            "files": con.sql("SELECT * EXCLUDE (ingested_at, mtime) FROM files ORDER BY path").pl(),
+            "chunks": con.sql("SELECT * FROM _chunks ORDER BY chunk_id").pl(),
+        }
+    finally:
+        con.close()
+
+
+def test_every_executor_stages_the_same_rows(tmp_path):
+    runs = _runs(tmp_path / "runs")
+    one, two = Store(tmp_path / "s1"), Store(tmp_path / "s2")
+    r1 = ingest([runs], one, executor=LocalExecutor(1))
+    r2 = ingest([runs], two, executor=LocalExecutor(2))
+    assert r1.points == r2.points > 0 and len(r1.runs) == 4
+    assert [p for _, p in r1.problems] == [p for _, p in r2.problems]
+    assert any(p.kind == "bad_json" and p.offset == 51 for _, p in r1.problems)  # the line path still reports
+    a, b = _tables(one), _tables(two)
+    for name in a:
+        assert a[name].equals(b[name]), name
+
+
+def test_compaction_keeps_every_point_and_the_store_whole(tmp_path):
+    runs = _runs(tmp_path / "runs")
+    store = Store(tmp_path / "s")
+    ingest([runs], store)
+    before = _tables(store)["scalars_all"]
+    assert store.compact() > 1
+    assert store.check().ok
+    assert _tables(store)["scalars_all"].equals(before)
+    # a re-ingest of one grown run touches only that run's parts
+    with open(runs / "run2" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 500, "loss": 0.1}) + "\n")
+    report = ingest([runs], store)
+    assert report.files_read == 1 and report.runs == {"run0", "run1", "run2", "run3"}
+    con = store.connect()
+    got = con.sql(
+        "SELECT value FROM scalars WHERE run_id = 'run2' AND tag = 'loss' AND step = 500"
+    ).fetchall()
+    con.close()
+    assert got == [(0.1,)]
+    assert store.check().ok
+    # a rewritten file: its old rows stay in the compacted file but no view shows them
+    (runs / "run3" / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 9.0}) + "\n")
+    ingest([runs], store)
+    assert store.compact() > 1
+    after = _tables(store)["scalars_all"]
+    jsonl = after.filter((pl.col("run_id") == "run3") & pl.col("source_file").str.ends_with("metrics.jsonl"))
+    assert jsonl["value"].to_list() == [9.0]
+    assert store.check().ok
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        [
+            {
+                "step": s,
+                "loss": 1 / s,
+                "lr": None if s % 3 else 0.1,
+                "time": 1.7e12 + s,
+                "ok": True,
+                "name": "a",
+            }
+            for s in range(1, 100)
+        ],
+        [
+            {"global_step": s, "train/loss": float(s), "_timestamp": 1.7e9 + s, "epoch": s / 10}
+            for s in range(100)
+        ],
+    ],
+)
+def test_vectorised_jsonl_gives_the_line_readers_points(records):
+    lines = [json.dumps(r) for r in records]
+    got, last = block_points(lines)
+    conv = RecordsToPoints({})
+    for line in lines:
+        conv.add(json.loads(line))
+    want = conv.points()
+    assert got.tags == want.tags and last == conv.last_step
+    for col in ("tag_code", "step", "wall_time", "value"):
+        assert np.array_equal(getattr(got, col), getattr(want, col), equal_nan=True), col
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"step": 5, "loss": NaN}',
+        '{"step": 5, "loss": "0.5"}',
+        '{"step": 5, "m": {"a": 1}}',
+        '{"loss": 1}',
+        "[1]",
+    ],
+)
+def test_vectorised_jsonl_leaves_odd_blocks_to_the_line_reader(line):
+    lines = [json.dumps({"step": s, "loss": 1.0}) for s in range(100)] + [line]
+    assert block_points(lines) is None
+
+
+def _losses(path: Path, values: list[float]) -> None:
+    path.write_text("".join(json.dumps({"step": s, "loss": v}) + "\n" for s, v in enumerate(values, 1)))
+
+
+def _run_facts(store: Store, run: str) -> tuple:
+    con = store.connect()
+    try:
+        status = con.sql(f"SELECT status FROM runs WHERE run_id = '{run}'").fetchall()
+        labels = con.sql(f"SELECT kind FROM labels WHERE run_id = '{run}'").fetchall()
+        nans = con.sql(f"SELECT count(*) FROM scalars WHERE run_id = '{run}' AND isnan(value)").fetchall()
+        rows = con.sql(f"SELECT count(*) FROM _parts WHERE run_id = '{run}'").fetchall()
+        return status[0][0], labels, nans[0][0], rows[0][0]
+    finally:
+        con.close()
+
+
+def test_views_see_only_current_chunks_of_a_compacted_file(tmp_path):
+    """NaN rows in a compacted file are found (no value statistics to prune them by), and once
+    their run is rewritten, nothing of its old rows reaches status, labels or scalars."""
+    runs = tmp_path / "runs"
+    for i in range(3):
+        (runs / f"run{i}").mkdir(parents=True)
+        _losses(runs / f"run{i}" / "metrics.jsonl", [2.0 / s for s in range(1, 40)])
+    _losses(runs / "run1" / "metrics.jsonl", [2.0 / s for s in range(1, 35)] + [float("nan")] * 5)
+    store = Store(tmp_path / "s")
+    ingest([runs], store)
+    assert store.compact() == 3
+    assert _run_facts(store, "run1") == ("diverged", [("divergence_nan",)], 5, 39)
+    _losses(runs / "run1" / "metrics.jsonl", [1.0 / s for s in range(1, 20)])  # rewritten, healthy
+    report = ingest([runs], store)
+    assert report.files_read == 1
+    assert _run_facts(store, "run1") == ("unknown", [], 0, 19)
+    assert _run_facts(store, "run0") == ("unknown", [], 0, 39)
+    assert store.compact() == 2  # the compacted file (less run1's old rows) and run1's new part
+    assert _run_facts(store, "run1") == ("unknown", [], 0, 19)
+    assert store.check().ok
+
+
+def test_new_chunks_never_reuse_ids_a_kept_generation_lists(tmp_path):
+    from workbench.store import integrity
+
+    run = tmp_path / "runs" / "run0"
+    run.mkdir(parents=True)
+    _losses(run / "a.jsonl", [1.0, 0.5])
+    _losses(run / "b.jsonl", [3.0, 2.0])  # read last: the highest chunk id
+    store = Store(tmp_path / "s")
+    ingest([run.parent], store)
+    with store.writer() as w:  # as `check --repair` drops a damaged file: the highest id is free
+        w.drop_file(str(run / "b.jsonl"))
+        w.commit()
+    _losses(run / "c.jsonl", [7.0, 6.0])
+    ingest([run.parent], store)
+    gens = sorted((store.root / "meta").glob("g*"))
+    ids = [set(integrity.read_tables(g)["chunks"]["chunk_id"].to_list()) for g in gens]
+    assert len(ids) >= 2 and ids[-1] - ids[-2]  # the newest generation holds a new chunk ...
+    assert not (ids[-1] - ids[-2]) & set().union(*ids[:-1])  # ... with an id no kept one used
+    for g in gens:  # and every part each kept generation lists is as it was written
+        assert (
+            integrity.verify_parts(store.root, integrity.expected_parts(store.root, integrity.read_tables(g)))
+            == []
+        )
+
+
+def test_many_small_runs_share_files_and_read_as_with_a_file_each(tmp_path, monkeypatch):
+    import ingest.pipeline as pipeline
+
+    runs = tmp_path / "runs"
+    for i in range(pipeline.SHARED_MIN_RUNS + 2):
+        (runs / f"r{i:02d}").mkdir(parents=True)
+        tail = [float("nan")] * 3 if i == 5 else []
+        _losses(runs / f"r{i:02d}" / "metrics.jsonl", [2.0 / s + i for s in range(1, 30)] + tail)
+    shared = Store(tmp_path / "shared")
+    ingest([runs], shared)
+    with monkeypatch.context() as m:  # the same runs, a file each
+        m.setattr(pipeline, "SHARED_MIN_RUNS", 10**6)
+        own = Store(tmp_path / "own")
+        ingest([runs], own)
+    assert [p.name for p in (shared.root / "scalars").iterdir()] == ["_compacted"]
+    assert len(list((own.root / "scalars").iterdir())) == pipeline.SHARED_MIN_RUNS + 2
+    a, b = _tables(shared), _tables(own)
+    for name in ("scalars_all", "problems", "files"):
+        assert a[name].equals(b[name]), name
+    assert _run_facts(shared, "r05") == ("diverged", [("divergence_nan",)], 3, 32)
+    assert shared.check().ok
+    # r05 rewritten: its old rows stay in the shared file, and reach no view
+    _losses(runs / "r05" / "metrics.jsonl", [1.0, 0.5])
+    ingest([runs], shared)
+    assert _run_facts(shared, "r05") == ("unknown", [], 0, 2)
+    assert shared.compact() == 2 and _run_facts(shared, "r05") == ("unknown", [], 0, 2)
+    assert shared.check().ok

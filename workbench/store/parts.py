@@ -1,0 +1,126 @@
+"""Writing one chunk's Parquet parts: a function of the store folder alone, so that any process
+(the writer's background thread, an ingest worker, a Ray task) writes them the same way.
+
+A part is written to a temporary name and renamed into place (the writer flushes the file system
+once before it publishes a generation: `layout.sync_filesystem`); it stays invisible until
+a generation lists its chunk (`parts` rows carry its size and sha256), and a writer collects the
+parts no generation lists (a killed ingest's).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import workbench.store.layout as layout
+from workbench.store.points import Points, order_and_supersede
+
+# Min/max statistics only for the columns queries select by. Parquet leaves NaN out of a float
+# column's min/max, and DuckDB prunes row groups by them: `isnan(value)` (or `value > x`, NaN
+# sorting last) would skip every row group whose NaNs the statistics do not show.
+STATISTICS = ["run_id", "chunk_id", "tag", "step", "local_superseded"]
+NO_STEP = np.iinfo(np.int64).min  # finite_step of a tag without a finite point (null in the table)
+SHARED_ROW_GROUP = 1 << 16  # rows per row group of a file of many runs: what one-run queries skip by
+
+
+def write_table(table: pa.Table, path: Path, row_group_size: int = 1 << 20) -> None:
+    """A scalars table as Parquet the way every scalar part and compacted file is written."""
+    pq.write_table(
+        table, path, compression="zstd", row_group_size=row_group_size, write_statistics=STATISTICS
+    )
+
+
+def publish(kind: str, chunk_id: int, rows: int, tmp: Path, part: Path) -> dict:
+    """Rename a written part into place; its `parts` row (size and sha256 as written)."""
+    row = {
+        "chunk_id": chunk_id,
+        "kind": kind,
+        "rows": rows,
+        "size": tmp.stat().st_size,
+        "sha256": layout.sha256_file(tmp),
+        "file": None,
+    }
+    os.replace(tmp, part)
+    return row
+
+
+def write_batches(batches: pa.RecordBatchReader, path: Path, row_group_size: int) -> None:
+    """Scalar rows streamed from a query (compaction), one row group per `row_group_size` rows."""
+    with pq.ParquetWriter(path, batches.schema, compression="zstd", write_statistics=STATISTICS) as w:
+        for batch in batches:
+            w.write_batch(batch, row_group_size=row_group_size)
+
+
+def write_events(root: Path, run_id: str, chunk_id: int, frame) -> dict:
+    """An events part (`frame`: EVENT_PART columns); its `parts` row."""
+    part = layout.event_part(root, run_id, chunk_id)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    tmp = part.with_name(part.name + ".tmp")
+    frame.write_parquet(tmp, compression="zstd")
+    return publish("events", chunk_id, frame.height, tmp, part)
+
+
+def scalar_table(run_id: str, chunk_id: int, points: Points) -> tuple[pa.Table, dict]:
+    """A chunk's points as a scalars table sorted by (tag name, step), and its per-tag step
+    ranges (chunk_tags columns)."""
+    n = len(points)
+    # dictionary in name order, so parts sort by (tag name, step)
+    by_name = np.argsort(np.array(points.tags, dtype=object))
+    rank = np.empty(len(by_name), np.int32)
+    rank[by_name] = np.arange(len(by_name), dtype=np.int32)
+    sorted_tags = [points.tags[i] for i in by_name]
+    points = Points(sorted_tags, rank[points.tag_code], points.step, points.wall_time, points.value)
+    order, superseded = order_and_supersede(points)
+    codes = points.tag_code[order]
+    steps = points.step[order]
+    table = pa.table(
+        {
+            "run_id": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([run_id])),
+            "chunk_id": pa.array(np.full(n, chunk_id, np.int64)),
+            "tag": pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(sorted_tags, pa.string())),
+            "step": pa.array(steps),
+            "wall_time": pa.array(points.wall_time[order]),
+            "value": pa.array(points.value[order]),
+            "local_superseded": pa.array(superseded[order]),
+        }
+    )
+    # codes are sorted, so each tag is one contiguous run
+    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    finite = np.isfinite(points.value[order])
+    tags = {
+        "chunk_id": np.full(len(starts), chunk_id, np.int64),
+        "tag": [sorted_tags[c] for c in codes[starts]],
+        "points": np.diff(np.r_[starts, n]),
+        "min_step": np.minimum.reduceat(steps, starts),
+        "max_step": np.maximum.reduceat(steps, starts),
+        "finite_step": np.maximum.reduceat(np.where(finite & ~superseded[order], steps, NO_STEP), starts),
+        "nonfinite": np.add.reduceat(~finite, starts, dtype=np.int64),
+    }
+    return table, tags
+
+
+def write_scalars(root: Path, run_id: str, chunk_id: int, points: Points) -> tuple[dict, dict]:
+    """A chunk's own scalars part; returns its per-tag step ranges (chunk_tags columns) and its
+    parts row."""
+    table, tags = scalar_table(run_id, chunk_id, points)
+    part = layout.scalar_part(root, run_id, chunk_id)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    tmp = part.with_name(part.name + ".tmp")
+    write_table(table, tmp)
+    return tags, publish("scalars", chunk_id, len(points), tmp, part)
+
+
+def write_shared(root: Path, path: Path, tables: list[tuple[str, int, pa.Table]]) -> list[dict]:
+    """The tables of many small chunks ((run_id, chunk_id, table)) as one file, by run, so that
+    thousands of small runs cost a few files instead of one each; their `parts` rows."""
+    tables = sorted(tables, key=lambda t: t[:2])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    write_table(pa.concat_tables([t for _, _, t in tables]), tmp, SHARED_ROW_GROUP)
+    first = publish("scalars", 0, 0, tmp, path)
+    rel = str(path.relative_to(root))
+    return [{**first, "chunk_id": c, "rows": t.num_rows, "file": rel} for _, c, t in tables]
