@@ -69,7 +69,9 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         "SELECT e.* EXCLUDE (chunk_id) FROM {src} e SEMI JOIN _chunks c ON c.chunk_id = e.chunk_id",
     )
     user = aliases.load_user_aliases(root, Path.cwd())
-    metric_rows = f"SELECT DISTINCT tag, {aliases.metric_case_sql('tag', user)} AS metric FROM _chunk_tags"
+    metric_rows = (  # each tag once through the patterns
+        f"SELECT tag, {aliases.metric_case_sql('tag', user)} AS metric FROM (SELECT DISTINCT tag FROM _chunk_tags)"
+    )
     stmts += [
         f"CREATE OR REPLACE VIEW _parts AS {part_sql}",
         f"CREATE OR REPLACE VIEW _events AS {event_sql}",
