@@ -305,3 +305,24 @@ def test_vectorised_csv_gives_the_line_readers_points(tmp_path, monkeypatch):
             assert fast == slow, path
             fast_blocks += used
         assert fast_blocks > 0, ingestor.name
+
+
+def test_replay_reads_what_the_scalars_view_holds(tmp_path_factory):
+    """Runs read from the parts directly and runs ranked by the view (a resume, several sources)
+    give the view's current points."""
+    from real_samples import sample_store
+
+    from detectors import replay
+
+    store = sample_store(
+        tmp_path_factory, ["deepspeed_resumed_after_kill", "healthy_hf_trainer", "keras_csvlogger_appended"]
+    )
+    con = store.connect()
+    runs = [r for (r,) in con.execute("SELECT run_id FROM runs").fetchall()]
+    ranked = {r for (r,) in con.execute(replay.RANKED_RUNS, [runs]).fetchall()}
+    want = con.sql("SELECT run_id, tag, metric, step, value FROM scalars").pl()
+    con.close()
+    assert len(runs) == 3 and ranked == {"deepspeed_resumed_after_kill"}  # a resume: the view ranks it
+    got = replay.load(store).points
+    cols = ["run_id", "tag", "step"]
+    assert got.sort(cols).equals(want.sort(cols)) and want.height > 1000
