@@ -42,13 +42,28 @@ def select_runs(store: Store, runs_glob: str | None = None) -> list[tuple[str, i
     ).fetchall()
 
 
+# runs whose current points need the `scalars` view: a chunk's points reach past where a later
+# chunk of the same run, source and tag starts (a resume), or a tag logged by several sources
+RANKED_RUNS = """
+    SELECT c.run_id FROM _cutoffs k JOIN _chunk_tags ct USING (chunk_id, tag) JOIN _chunks c USING (chunk_id)
+    WHERE k.cutoff <= ct.max_step AND list_contains(?1, c.run_id)
+    UNION SELECT run_id FROM _multi_source WHERE list_contains(?1, run_id)"""
+
+
 def load(store: Store, runs: list[str] | str | None = None) -> SeriesData:
     """Every current point of the given runs (a list, or a glob over run ids)."""
     if runs is None or isinstance(runs, str):
         runs = [r for r, _ in select_runs(store, runs)]
     con = store.connect()
+    # runs where no point of one file is superseded by another file's, and no tag is logged by
+    # two sources: their current points are the parts' rows not superseded inside their chunk,
+    # read without the `scalars` view's ranking; the others through it
+    ranked = {r for (r,) in con.execute(RANKED_RUNS, [runs]).fetchall()}
     pts = con.sql(
-        "SELECT run_id, tag, metric, step, value FROM scalars WHERE list_contains(?, run_id)", params=[runs]
+        "SELECT p.run_id, p.tag, m.metric, p.step, p.value FROM _parts p LEFT JOIN _tag_metric m USING (tag) "
+        "WHERE NOT p.local_superseded AND list_contains(?, p.run_id) "
+        "UNION ALL SELECT run_id, tag, metric, step, value FROM scalars WHERE list_contains(?, run_id)",
+        params=[[r for r in runs if r not in ranked], sorted(ranked)],
     ).pl()
     ev = con.sql(
         "SELECT run_id, step, kind, attrs FROM events WHERE list_contains(?, run_id)", params=[runs]

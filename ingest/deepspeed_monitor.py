@@ -16,7 +16,7 @@ import numpy as np
 
 from ingest.base import Batch, Problem, ReadContext
 from ingest.ds_config import batch_size_of
-from ingest.lines import LineIngestor, LineParser, to_float
+from ingest.lines import LineIngestor, LineParser, csv_numbers, to_float, whole_steps
 from workbench.store.points import Points
 
 EVENT_PREFIXES = {"Train_Samples_": "Train/Samples/", "Train_Eigenvalues_": "Train/Eigenvalues/"}
@@ -32,6 +32,19 @@ class _MonitorCsvParser(LineParser):
         self.tbs, self.how = batch_size_of(ctx.run_config)
         self.samples: list[int] = []
         self.values: list[float] = []
+
+    def feed_block(self, lines: list, batch: Batch) -> bool:
+        """`step,value` rows at once (headers and empty lines skipped as `feed` skips them)."""
+        rows = [
+            t for t in lines if type(t) is not str or (t.strip() and t.strip().split(",", 1)[0] != "step")
+        ]
+        got = csv_numbers(rows, 2, quoted=False)
+        if got is None or not got[1].all() or (x := whole_steps(got[0][:, 0])) is None:
+            return False
+        self.samples.extend(x.tolist())
+        self.values.extend(got[0][:, 1].tolist())
+        batch.records += len(rows)
+        return True
 
     def feed(self, text: str, batch: Batch) -> None:
         parts = text.strip().split(",")

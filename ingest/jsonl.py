@@ -22,6 +22,7 @@ import pyarrow.json as pa_json
 
 from ingest.base import Batch, Problem, ReadContext
 from ingest.lines import (
+    FAST_MIN_LINES,
     JsonError,
     LineIngestor,
     LineParser,
@@ -128,7 +129,6 @@ class RecordsToPoints:
         return {"last_step": self.last_step, "no_step": self.no_step}
 
 
-FAST_MIN_LINES = 64  # below this, the line-by-line path is as fast
 _DIGITS = r"(?i)[0-9]|nan|inf"  # a string that may be a number as `to_float` reads it
 
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import numpy as np
+
 from ingest.base import Batch, Problem, ReadContext, event
-from ingest.lines import LineIngestor, LineParser, to_float
-from workbench.store.points import PointsBuilder
+from ingest.lines import LineIngestor, LineParser, csv_numbers, row_points, to_float, whole_steps
+from workbench.store.points import Points, PointsBuilder
 
 SUFFIXES = (".csv", ".log", ".txt", ".csv.gz", ".log.gz")
 
@@ -31,6 +33,29 @@ class _CsvLoggerParser(LineParser):
         self.offset = ctx.state.get("offset", 0)  # epochs trained by earlier fits
         self.fits = ctx.state.get("fits", 1)
         self.points = PointsBuilder()
+        self.fast: list[Points] = []
+
+    def feed_block(self, lines: list, batch: Batch) -> bool:
+        """Rows of numbers at once, while the epochs count up (a restart, a second header, a cell
+        that is no number: the block goes line by line)."""
+        rows = [t.rstrip("\r") if type(t) is str else t for t in lines]
+        rows = [t for t in rows if t != ""]  # what csv.reader reads as no row
+        header = self.header
+        if header is None and rows and type(rows[0]) is str:
+            header, rows = next(csv.reader([rows[0]])), rows[1:]
+        if not header:
+            return False
+        got = csv_numbers(rows, len(header))
+        if got is None or not got[1][:, 0].all() or (epochs := whole_steps(got[0][:, 0])) is None:
+            return False
+        if (np.diff(epochs) <= 0).any() or (self.last_epoch is not None and epochs[0] <= self.last_epoch):
+            return False
+        values, present = got
+        values[:, 0] = epochs  # the epoch series holds the logged epoch as an integer
+        self.fast.append(row_points(["epoch", *header[1:]], self.offset + epochs, values, present))
+        self.header, self.last_epoch = header, int(epochs[-1])
+        batch.records += len(rows)
+        return True
 
     def feed(self, text: str, batch: Batch) -> None:
         row = next(csv.reader([text.rstrip("\r")]), [])
@@ -70,7 +95,8 @@ class _CsvLoggerParser(LineParser):
                 self.points.add(name, step, v)
 
     def end_block(self, batch: Batch, last: bool) -> None:
-        batch.points = self.points.take()
+        batch.points = Points.concat([*self.fast, self.points.take()]) if self.fast else self.points.take()
+        self.fast = []
 
     def state(self) -> dict:
         return {

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ingest.base import Batch, Ingestor, Problem, ReadContext
-from ingest.lines import LineIngestor, LineParser, flat_yaml, to_float
-from workbench.store.points import PointsBuilder
+from ingest.lines import LineIngestor, LineParser, csv_numbers, flat_yaml, row_points, to_float, whole_steps
+from workbench.store.points import Points, PointsBuilder
 
 
 class _CsvParser(LineParser):
@@ -21,6 +21,26 @@ class _CsvParser(LineParser):
         super().__init__(path, ctx)
         self.header = ctx.state.get("header")
         self.points = PointsBuilder()
+        self.fast: list[Points] = []
+
+    def feed_block(self, lines: list, batch: Batch) -> bool:
+        """Rows of numbers at once (a cell that is no number, a row without a step: line by line)."""
+        header = self.header
+        if header is None and lines and type(lines[0]) is str:  # the first line, even an empty one
+            header, lines = next(csv.reader([lines[0]]), []), lines[1:]
+        rows = [t for t in lines if type(t) is not str or t.rstrip("\r") != ""]  # csv.reader: no row
+        if not header or "step" not in header or len(set(header)) != len(header):
+            return False
+        got = csv_numbers(rows, len(header))
+        at = header.index("step")
+        if got is None or not got[1][:, at].all() or (steps := whole_steps(got[0][:, at])) is None:
+            return False
+        values, present = got
+        cols = [i for i in range(len(header)) if i != at]
+        self.fast.append(row_points([header[i] for i in cols], steps, values[:, cols], present[:, cols]))
+        self.header = header
+        batch.records += len(rows)
+        return True
 
     def feed(self, text: str, batch: Batch) -> None:
         row = next(csv.reader([text]), [])
@@ -47,7 +67,8 @@ class _CsvParser(LineParser):
                 self.points.add(k, int(step), v)
 
     def end_block(self, batch: Batch, last: bool) -> None:
-        batch.points = self.points.take()
+        batch.points = Points.concat([*self.fast, self.points.take()]) if self.fast else self.points.take()
+        self.fast = []
 
     def state(self) -> dict:
         return {"header": self.header, "line": self.line}

@@ -95,7 +95,12 @@ def build(
                 "fork",
                 f"checkpoint metadata {path.rsplit('/', 1)[-1]} names parent {m.get('parent_run')}",
             )
-    # writer segments that restart at or below where the previous one got to
+    # writer segments that restart at or below where the previous one got to (a source of a
+    # run needs two files for that: the many runs of one file each are left out at once)
+    several = segs.group_by("run_id", "source").agg(pl.col("path").n_unique().alias("files"))
+    segs = segs.join(
+        several.filter(pl.col("files") > 1), on=["run_id", "source"], how="semi", maintain_order="left"
+    )
     for (run, _source), g in segs.group_by("run_id", "source", maintain_order=True):
         files = (
             g.group_by("path", "segment", maintain_order=True)
@@ -153,20 +158,24 @@ def build(
             )
     # forks: a run starting where exactly one other run saved a checkpoint
     has_parent = {k[0] for k in edges if k[0] != k[1]}
+    at_step: dict[int, list[tuple]] = {}  # checkpoints by step, in their order (a lookup per run)
+    for i, (crun, cstep, cpath) in enumerate(ckpts.select("run_id", "step", "path").iter_rows()):
+        at_step.setdefault(cstep, []).append((i, crun, cstep, cpath))
     for run, first in runs.iter_rows():
         if run in has_parent or not first:
             continue
         steps = [first, first - 1] if first > -(1 << 63) else [first]  # int64's least step has none below
-        c = ckpts.filter((pl.col("run_id") != run) & pl.col("step").is_in(steps))
-        if c["run_id"].n_unique() == 1:
+        c = sorted(x for s in steps for x in at_step.get(s, ()) if x[1] != run)
+        if len({x[1] for x in c}) == 1:
+            _, crun, cstep, cpath = c[0]
             add(
                 run,
                 0,
-                c["run_id"][0],
-                int(c["step"][0]),
-                c["path"][0],
+                crun,
+                int(cstep),
+                cpath,
                 "fork",
-                f"first step {first} continues {c['run_id'][0]}'s checkpoint at step {c['step'][0]}",
+                f"first step {first} continues {crun}'s checkpoint at step {cstep}",
             )
     rows = sorted(edges.values(), key=lambda e: (e["child_run"], e["child_segment"], e["parent_run"]))
     return pl.DataFrame(rows, schema=LINEAGE)

@@ -11,6 +11,7 @@ exception a parser raises for one line becomes a problem on that line.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
 import os
@@ -23,8 +24,11 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
 
 from ingest.base import Batch, Ingestor, Problem, ReadContext
+from workbench.store.points import Points
 
 # a number as loggers print it, including nan/inf
 NUM = r"(?:[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf|Infinity|NaN))"
@@ -339,6 +343,66 @@ def list_ahead(items: Iterator) -> Iterator[tuple[object, bool]]:
         yield prev, False
         prev = item
     yield prev, True
+
+
+FAST_MIN_LINES = 64  # below this, a vectorised block costs more than the line-by-line path
+
+
+def csv_numbers(lines: list, ncols: int, quoted: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
+    """Comma-separated rows of `ncols` numbers read at once with pyarrow: (values, present), both
+    [rows, ncols], an empty cell absent. None, for the line path to read them, when a cell is no
+    number as pyarrow reads it (text, "100%", "NA"), a row has other cells, or the lines are
+    few; `quoted=False`: a quote is no CSV quote but part of a cell (a reader that splits on
+    commas). Callers drop the empty lines their line path skips."""
+    if len(lines) < FAST_MIN_LINES or not all(type(t) is str for t in lines):
+        return None
+    data = "\n".join(lines).encode()
+    names = [f"c{i}" for i in range(ncols)]
+    try:
+        table = pa_csv.read_csv(
+            io.BytesIO(data),
+            read_options=pa_csv.ReadOptions(column_names=names, use_threads=False, block_size=len(data) + 1),
+            parse_options=pa_csv.ParseOptions(quote_char='"' if quoted else False),
+            convert_options=pa_csv.ConvertOptions(
+                column_types=dict.fromkeys(names, pa.float64()),
+                null_values=[""],
+                quoted_strings_can_be_null=False,
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if table.num_rows != len(lines):  # a line pyarrow split in two (a bare carriage return)
+        return None
+    values = np.empty((table.num_rows, ncols))
+    present = np.empty((table.num_rows, ncols), bool)
+    for i, col in enumerate(table.columns):
+        present[:, i] = col.is_valid().to_numpy(zero_copy_only=False)
+        values[:, i] = col.to_numpy(zero_copy_only=False)
+    return values, present
+
+
+def row_points(names: list[str], steps: np.ndarray, values: np.ndarray, present: np.ndarray) -> Points:
+    """Points of rows of cells (record-major, as a line reader adds them), the absent left out."""
+    keep = present.any(axis=0)
+    names = [n for n, k in zip(names, keep, strict=True) if k]
+    values, present = values[:, keep], present[:, keep]
+    n, m = values.shape
+    mask = present.ravel()
+    return Points(
+        names,
+        np.tile(np.arange(m, dtype=np.int32), n)[mask],
+        np.repeat(steps, m)[mask],
+        np.full(int(mask.sum()), np.nan),
+        values.ravel()[mask],
+    )
+
+
+def whole_steps(x: np.ndarray) -> np.ndarray | None:
+    """Cells that are steps as `int(to_float(cell))` makes them (truncated), or None when one
+    cannot be (NaN, Inf, beyond 64 bits): the line path reports those."""
+    if not np.isfinite(x).all() or (np.abs(x) >= 2.0**63).any():
+        return None
+    return x.astype(np.int64)
 
 
 class LineParser:

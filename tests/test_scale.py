@@ -233,3 +233,96 @@ def test_many_small_runs_share_files_and_read_as_with_a_file_each(tmp_path, monk
     assert _run_facts(shared, "r05") == ("unknown", [], 0, 2)
     assert shared.compact() == 2 and _run_facts(shared, "r05") == ("unknown", [], 0, 2)
     assert shared.check().ok
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _keras_log(path: Path, epochs: int) -> Path:
+    """As keras' CSVLogger writes it (csv.writer, CRLF), an empty cell where an epoch lacks one."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["epoch", "accuracy", "learning_rate", "loss", "val_loss"])
+        for e in range(epochs):
+            w.writerow([e, 0.5 + e / 1000, 1e-3, 2 / (e + 1), "" if e % 7 else 2.2 / (e + 1)])
+    return path
+
+
+def _batches(ingestor, path: Path, fast: bool, monkeypatch) -> tuple[list, int]:
+    """Every batch of the file as comparable values, and how many blocks the vectorised path took."""
+    import ingest.lines as lines_mod
+    from ingest.base import ReadContext
+
+    took = []
+    block = ingestor.parser.feed_block
+    with monkeypatch.context() as m:
+        m.setattr(lines_mod, "FAST_MIN_LINES", 1)  # small real files take the vectorised path too
+        m.setattr(
+            ingestor.parser,
+            "feed_block",
+            (lambda self, lines, batch: took.append(block(self, lines, batch)) or took[-1])
+            if fast
+            else (lambda self, lines, batch: False),
+        )
+        out = []
+        for b in ingestor.read(path, 0, ReadContext("run")):
+            p = b.points
+            out.append(
+                (
+                    b.start, b.end, [p.tags[c] for c in p.tag_code], p.step.tolist(),
+                    [repr(v) for v in p.value], [repr(v) for v in p.wall_time],
+                    [(x.offset, x.kind, x.message) for x in b.problems],
+                    b.records, b.events, b.state, b.note,
+                )
+            )  # fmt: skip
+    return out, sum(took)
+
+
+def test_vectorised_csv_gives_the_line_readers_points(tmp_path, monkeypatch):
+    from ingest.deepspeed_monitor import DeepSpeedMonitorCsvIngestor
+    from ingest.keras_csv import KerasCsvLoggerIngestor
+    from ingest.lightning import LightningCsvIngestor
+
+    (tmp_path / "bad").mkdir()
+    odd = _keras_log(tmp_path / "bad" / "training.log", 100)
+    with open(odd, "a", newline="") as f:
+        f.write("100,0.6,abc,0.01,\r\n")  # a cell that is no number: that block goes line by line
+    cases = {
+        DeepSpeedMonitorCsvIngestor(): sorted(REPO.glob("sample_runs/*/monitor_csv/job/*.csv")),
+        LightningCsvIngestor(): sorted(REPO.glob("tests/data/real_logs/lightning_csvlogger/*/metrics.csv")),
+        KerasCsvLoggerIngestor(): [
+            REPO / "sample_runs/keras_csvlogger_appended/training.log",  # a second fit: line by line
+            _keras_log(tmp_path / "training.log", 300),
+            odd,
+        ],
+    }
+    for ingestor, files in cases.items():
+        assert files, ingestor.name
+        fast_blocks = 0
+        for path in files:
+            fast, used = _batches(ingestor, path, True, monkeypatch)
+            slow, _ = _batches(ingestor, path, False, monkeypatch)
+            assert fast == slow, path
+            fast_blocks += used
+        assert fast_blocks > 0, ingestor.name
+
+
+def test_replay_reads_what_the_scalars_view_holds(tmp_path_factory):
+    """Runs read from the parts directly and runs ranked by the view (a resume, several sources)
+    give the view's current points."""
+    from real_samples import sample_store
+
+    from detectors import replay
+
+    store = sample_store(
+        tmp_path_factory, ["deepspeed_resumed_after_kill", "healthy_hf_trainer", "keras_csvlogger_appended"]
+    )
+    con = store.connect()
+    runs = [r for (r,) in con.execute("SELECT run_id FROM runs").fetchall()]
+    ranked = {r for (r,) in con.execute(replay.RANKED_RUNS, [runs]).fetchall()}
+    want = con.sql("SELECT run_id, tag, metric, step, value FROM scalars").pl()
+    con.close()
+    assert len(runs) == 3 and ranked == {"deepspeed_resumed_after_kill"}  # a resume: the view ranks it
+    got = replay.load(store).points
+    cols = ["run_id", "tag", "step"]
+    assert got.sort(cols).equals(want.sort(cols)) and want.height > 1000

@@ -131,6 +131,10 @@ def _supersede_loop(order, codes, steps):
 def order_and_supersede(points: Points) -> tuple[np.ndarray, np.ndarray]:
     """(row order sorted by tag then step, local_superseded flag per original row)."""
     by_tag = np.argsort(points.tag_code, kind="stable")  # keeps logged order within a tag
+    codes, steps = points.tag_code[by_tag], points.step[by_tag]
+    if not ((codes[1:] == codes[:-1]) & (steps[1:] <= steps[:-1])).any():
+        # steps rise within every tag (the common case): nothing superseded, no compiled loop
+        return by_tag, np.zeros(len(points), np.bool_)
     sup = _supersede(by_tag, points.tag_code, points.step)
     if not sup.any():  # steps rise within every tag: already in (tag, step) order
         return by_tag, sup

@@ -55,6 +55,34 @@ def _scalar_parts_sql(root: Path, gen: Path) -> str:
     return f"SELECT p.* FROM read_parquet([{listed}]) p SEMI JOIN _chunks c ON c.chunk_id = p.chunk_id"
 
 
+NONFINITE_LISTED = 10_000  # chunks with NaN/Inf points named in the views' SQL, at most
+
+
+def _nonfinite_filters(gen: Path) -> tuple[str, str]:
+    """Conditions on `p.chunk_id` for the parts rows run status reads: the chunks holding a
+    NaN/Inf point, and those written before chunk_tags counted them (read whole). Named by id
+    from this generation's chunk_tags, so DuckDB reads no row group of other chunks (and no part
+    at all when no chunk holds one)."""
+    path = gen / "chunk_tags.parquet"
+    if not path.exists():
+        return "false", "false"
+    if "nonfinite" not in pq.read_schema(path).names:
+        return "true", "true"  # a store from before the counts: every chunk is read
+    t = pq.read_table(path, columns=["chunk_id", "nonfinite"])
+    ids, counts = t["chunk_id"].to_pylist(), t["nonfinite"].to_pylist()
+    out = []
+    for want in (lambda n: n is None or n > 0, lambda n: n is None):
+        listed = sorted({i for i, n in zip(ids, counts, strict=True) if want(n)})
+        if not listed:
+            out.append("false")
+        elif len(listed) > NONFINITE_LISTED:
+            cond = "nonfinite IS NULL OR nonfinite > 0" if len(out) == 0 else "nonfinite IS NULL"
+            out.append(f"p.chunk_id IN (SELECT chunk_id FROM _chunk_tags WHERE {cond})")
+        else:
+            out.append(f"p.chunk_id IN ({', '.join(map(str, listed))})")
+    return out[0], out[1]
+
+
 def view_statements(root: Path, gen: Path) -> list[str]:
     """CREATE VIEW statements for the documented views over one generation."""
     stmts = [
@@ -68,8 +96,11 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         {c: t for c, t in schema.EVENT_PART.items() if c != "chunk_id"},
         "SELECT e.* EXCLUDE (chunk_id) FROM {src} e SEMI JOIN _chunks c ON c.chunk_id = e.chunk_id",
     )
+    nonfinite, uncounted = _nonfinite_filters(gen)
     user = aliases.load_user_aliases(root, Path.cwd())
-    metric_rows = f"SELECT DISTINCT tag, {aliases.metric_case_sql('tag', user)} AS metric FROM _chunk_tags"
+    metric_rows = (  # each tag once through the patterns
+        f"SELECT tag, {aliases.metric_case_sql('tag', user)} AS metric FROM (SELECT DISTINCT tag FROM _chunk_tags)"
+    )
     stmts += [
         f"CREATE OR REPLACE VIEW _parts AS {part_sql}",
         f"CREATE OR REPLACE VIEW _events AS {event_sql}",
@@ -152,22 +183,16 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         # stayed so to the end (the last loss; 3+ values of any other metric)
         # (the last finite step from the chunk lists; past it every point is non-finite, so only
         # the chunks that hold such points are read)
-        # chunks that hold a NaN/Inf point, or may (written before chunk_tags counted them)
-        """CREATE OR REPLACE VIEW _nonfinite_chunks AS
-           SELECT chunk_id, max(nonfinite) AS nonfinite FROM _chunk_tags GROUP BY chunk_id
-           HAVING max(nonfinite) IS NULL OR max(nonfinite) > 0""",
-        """CREATE OR REPLACE VIEW _nonfinite_tails AS
+        f"""CREATE OR REPLACE VIEW _nonfinite_tails AS
            WITH old AS (SELECT p.chunk_id, p.tag, max(p.step) FILTER (WHERE isfinite(p.value)) AS finite_step
-                        FROM _parts p SEMI JOIN (SELECT chunk_id FROM _nonfinite_chunks WHERE nonfinite IS NULL) o
-                        USING (chunk_id) WHERE NOT p.local_superseded GROUP BY ALL),
+                        FROM _parts p WHERE {uncounted} AND NOT p.local_superseded GROUP BY ALL),
                 last_finite AS (SELECT c.run_id, m.metric, max(coalesce(ct.finite_step, old.finite_step)) AS step
                                 FROM _chunk_tags ct JOIN _chunks c USING (chunk_id)
                                 JOIN _tag_metric m ON m.tag = ct.tag
                                 LEFT JOIN old ON old.chunk_id = ct.chunk_id AND old.tag = ct.tag
                                 WHERE m.metric IS NOT NULL GROUP BY ALL),
                 pts AS (SELECT p.run_id, m.metric, p.step, p.value FROM _parts p JOIN _tag_metric m USING (tag)
-                        SEMI JOIN _nonfinite_chunks USING (chunk_id)
-                        WHERE m.metric IS NOT NULL AND NOT p.local_superseded AND NOT isfinite(p.value))
+                        WHERE {nonfinite} AND m.metric IS NOT NULL AND NOT p.local_superseded AND NOT isfinite(p.value))
            SELECT pts.run_id, pts.metric, min(pts.step) AS from_step, count(DISTINCT pts.step) AS n,
                   CASE WHEN isnan(arg_min(pts.value, pts.step)) THEN 'NaN'
                        WHEN arg_min(pts.value, pts.step) > 0 THEN 'Inf' ELSE '-Inf' END AS value
@@ -176,11 +201,10 @@ def view_statements(root: Path, gen: Path) -> list[str]:
            GROUP BY ALL HAVING count(DISTINCT pts.step) >= 3 OR pts.metric = 'loss'""",
         f"CREATE OR REPLACE VIEW _run_status AS {run_status_sql()}",
         # manual labels win (the CLI over labels.toml); evidence gives auto labels to the rest
-        """CREATE OR REPLACE VIEW _auto_labels AS
+        f"""CREATE OR REPLACE VIEW _auto_labels AS
            WITH nf AS (SELECT run_id, min(onset) AS onset FROM (
                            SELECT p.run_id, min(p.step) AS onset FROM _parts p JOIN _tag_metric m USING (tag)
-                           SEMI JOIN _nonfinite_chunks USING (chunk_id)
-                           WHERE m.metric = 'loss' AND NOT isfinite(p.value) GROUP BY p.run_id
+                           WHERE {nonfinite} AND m.metric = 'loss' AND NOT isfinite(p.value) GROUP BY p.run_id
                            UNION ALL SELECT run_id, min(from_step) FROM _nonfinite_tails GROUP BY run_id)
                        GROUP BY run_id),
                 ev AS (SELECT run_id, failure AS kind, min(step) AS onset FROM _evidence
