@@ -202,6 +202,8 @@ class Watch:
         )
         if evs:
             events = pl.read_parquet(evs, columns=["chunk_id", "step", "kind", "attrs"])
+        # chunk ids rise in the order a run's files were read (a task numbers its run's chunks in
+        # its own block of ids; a later ingest's blocks lie above), so within a run they are its order
         points = points.join(chunks, on="chunk_id").sort("chunk_id", maintain_order=True)
         events = events.join(chunks, on="chunk_id").sort("chunk_id", maintain_order=True)
         by_run_p = (

@@ -44,6 +44,7 @@ def expected_parts(root: Path, tables: dict[str, pl.DataFrame]) -> pl.DataFrame:
             size=pl.lit(None, pl.Int64),
             sha256=pl.lit(None, pl.String),
             file=pl.lit(None, pl.String),
+            mtime_ns=pl.lit(None, pl.Int64),
         )
         .select(recorded.columns)
     )
@@ -53,28 +54,39 @@ def expected_parts(root: Path, tables: dict[str, pl.DataFrame]) -> pl.DataFrame:
 
 
 def quick_check(root: Path, gen: Path, tables: dict[str, pl.DataFrame] | None = None) -> list[Damage]:
-    """What a stat can tell, without reading a byte of data: the generation's tables and every
-    part present, of the size recorded when it was written. Cheap enough for every connection
-    and every writer (`tables`: the generation's, when already read)."""
+    """What a stat can tell: the generation's tables and every part present, of the size
+    recorded when it was written; a part whose modification time moved since is hashed against
+    its recorded sha256 (its bytes may have changed). Cheap enough for every connection and
+    every writer (`tables`: the generation's, when already read)."""
     out = verify_generation(root, gen, sizes_only=True)
     if out:
         return out
     parts = expected_parts(root, tables or read_tables(gen))
-    sizes: dict[str, int | None] = {}  # a compacted file holds many chunks: one stat
-    for i, (file, want) in enumerate(zip(parts["file"], parts["size"], strict=True)):
-        if file not in sizes:
+    stats: dict[str, os.stat_result | None] = {}  # a compacted file holds many chunks: one stat
+    hashed: dict[str, bool] = {}  # file -> its bytes are as written
+    cols = zip(parts["file"], parts["size"], parts["mtime_ns"], parts["sha256"], strict=True)
+    for i, (file, want, mtime, sha) in enumerate(cols):
+        if file not in stats:
             try:
-                sizes[file] = os.stat(file).st_size
+                stats[file] = os.stat(file)
             except FileNotFoundError:
-                sizes[file] = None
-        size = sizes[file]
-        if size is None:
+                stats[file] = None
+        st = stats[file]
+        if st is None:
             out.append(_damage(root, parts.row(i, named=True), "missing", "is missing"))
             continue
-        if want is not None and size != want:
+        if want is not None and st.st_size != want:
             out.append(
-                _damage(root, parts.row(i, named=True), "size", f"has {size:,} bytes, {want:,} were written")
+                _damage(
+                    root, parts.row(i, named=True), "size", f"has {st.st_size:,} bytes, {want:,} were written"
+                )
             )
+        elif mtime is not None and st.st_mtime_ns != mtime and sha is not None:
+            if file not in hashed:
+                hashed[file] = layout.sha256_file(Path(file)) == sha
+            if not hashed[file]:
+                what = "was changed since it was written (its sha256 differs)"
+                out.append(_damage(root, parts.row(i, named=True), "checksum", what))
     return out
 
 

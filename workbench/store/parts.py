@@ -36,13 +36,15 @@ def write_table(table: pa.Table, path: Path, row_group_size: int = 1 << 20) -> N
 
 def publish(kind: str, chunk_id: int, rows: int, tmp: Path, part: Path) -> dict:
     """Rename a written part into place; its `parts` row (size and sha256 as written)."""
+    st = tmp.stat()  # (a rename keeps the modification time)
     row = {
         "chunk_id": chunk_id,
         "kind": kind,
         "rows": rows,
-        "size": tmp.stat().st_size,
+        "size": st.st_size,
         "sha256": layout.sha256_file(tmp),
         "file": None,
+        "mtime_ns": st.st_mtime_ns,
     }
     os.replace(tmp, part)
     return row

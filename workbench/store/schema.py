@@ -74,6 +74,8 @@ PARTS = {
     "sha256": pl.String,  # size and sha256 are the file's (a compacted file's: shared by its chunks)
     # null: the chunk's own part; else the compacted file (store-relative) that holds its rows
     "file": pl.String,
+    # the file's modification time as written: a part touched since is hashed before it is read
+    "mtime_ns": pl.Int64,
 }
 PART_KINDS = ("scalars", "events")
 

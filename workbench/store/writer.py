@@ -408,7 +408,12 @@ class StoreWriter:
         row = parts_mod.publish("scalars", 0, 0, tmp, out)
         merged = pl.col("chunk_id").is_in(todo["chunk_id"].implode()) & (pl.col("kind") == "scalars")
         rel = str(out.relative_to(self.root))
-        update = {"file": pl.lit(rel), "size": pl.lit(row["size"]), "sha256": pl.lit(row["sha256"])}
+        update = {
+            "file": pl.lit(rel),
+            "size": pl.lit(row["size"]),
+            "sha256": pl.lit(row["sha256"]),
+            "mtime_ns": pl.lit(row["mtime_ns"]),
+        }
         self.tables["parts"] = self.tables["parts"].with_columns(
             **{c: pl.when(merged).then(v).otherwise(pl.col(c)) for c, v in update.items()}
         )
