@@ -62,6 +62,17 @@ def test_sql_json_is_one_array_of_objects(tbx_store):
     assert json.loads(empty.stdout) == []
 
 
+def test_a_long_table_shows_its_first_and_last_rows_and_says_how_to_get_all(tbx_store):
+    p = wb("sql", "SELECT range AS n FROM range(100)", store=tbx_store)
+    cells = [line.strip("│ ") for line in p.stdout.splitlines() if line.startswith("│")]  # body rows
+    assert cells == [*map(str, range(20)), "⋮", *map(str, range(80, 100))]
+    assert "(100 rows, 40 shown; --format csv or json gives all)" in p.stderr
+    assert (
+        len(wb("sql", "SELECT range AS n FROM range(100)", "--format", "csv", store=tbx_store).stdout.split())
+        == 101
+    )
+
+
 def test_sql_step_is_bigint_and_views_have_contract_columns(tbx_store):
     p = wb(
         "sql", "SELECT column_name, column_type FROM (DESCRIBE scalars)", "--format", "csv", store=tbx_store

@@ -10,12 +10,19 @@ import csv
 import io
 import json
 import sys
+from typing import TYPE_CHECKING
 
-import polars as pl
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
+
+if TYPE_CHECKING:
+    import polars as pl
+
+# a table shows this many rows at most, the first and last halves (DuckDB's CLI does the same):
+# 10k rows through Rich's layout take seconds, and nobody reads them there; CSV and JSON are whole
+MAX_TABLE_ROWS = 40
 
 
 def _out() -> Console:
@@ -43,13 +50,19 @@ def query_text(text: str, fmt: str) -> None:
         sys.stdout.write(text)
         return
     rows = list(csv.reader(io.StringIO(text)))
+    header, body = (rows[0], rows[1:]) if rows else ([], [])
     table = Table(header_style="bold")
-    for name in rows[0] if rows else []:
+    for name in header:
         table.add_column(escape(name), no_wrap=True, overflow="ellipsis")
-    for r in rows[1:]:
-        table.add_row(*map(escape, r))
+    half = MAX_TABLE_ROWS // 2
+    shown = body if len(body) <= MAX_TABLE_ROWS else [*body[:half], None, *body[-half:]]
+    for r in shown:
+        table.add_row(*(map(escape, r) if r is not None else ["⋮"] * len(header)))
     _out().print(table, crop=False)
-    print(f"({max(0, len(rows) - 1)} rows)", file=sys.stderr)
+    if len(shown) < len(body):
+        print(f"({len(body)} rows, {MAX_TABLE_ROWS} shown; --format csv or json gives all)", file=sys.stderr)
+    else:
+        print(f"({len(body)} rows)", file=sys.stderr)
 
 
 def _fmt(x, pct: bool = False) -> str:
