@@ -30,11 +30,11 @@ from typing import ClassVar
 
 import numpy as np
 import polars as pl
-from numba import njit
 
 from detectors.engine import ReplayError, SeriesData
 from detectors.language import Name
 from detectors.rules import Rule
+from workbench.jit import njit
 
 
 @dataclass(frozen=True)

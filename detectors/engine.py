@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
-from numba import njit
 
 from detectors import language
 from detectors.language import Binary, Call, Name, Num, Unary
 from detectors.rules import Rule
 from workbench.errors import WorkbenchError
+from workbench.jit import njit
 from workbench.store import aliases, schema
 
 UNIT = ["rid", "key"]  # an evaluation unit: a run, or a run and a tag for glob rules

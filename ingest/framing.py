@@ -10,7 +10,8 @@ payload whose length depends on the wire type (0 varint, 1 fixed64, 2 length-del
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from workbench.jit import njit
 
 _MASK_DELTA = np.uint32(0xA282EAD8)
 

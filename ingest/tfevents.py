@@ -9,9 +9,9 @@ by `ingest.tensorboard` from their offsets.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ingest.framing import masked_crc32c, skip_field, u32, u64, varint
+from workbench.jit import njit
 
 # --- framing status codes (per record) -------------------------------------------------------
 REC_OK = 0

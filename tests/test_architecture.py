@@ -1,6 +1,6 @@
 """The layers, as ARCHITECTURE.md draws them: imports only go down, and nothing goes in a circle.
 
-ground: workbench.errors, workbench.executor, workbench.store.*  (format-blind: no ingest, no detectors)
+ground: workbench.errors, workbench.executor, workbench.jit, workbench.store.*  (format-blind: no ingest, no detectors)
 middle: ingest.*  |  detectors.*                  (side by side: neither imports the other)
 faces:  workbench.cli, workbench.render, workbench.watch, workbench.notify, workbench.app.*, app.py
 """
@@ -53,10 +53,16 @@ def _imports(module: str) -> set[str]:
 
 
 def layer(module: str) -> str:
-    # the executors map a function over items and import nothing of the layers (Ray only when asked)
-    # (and the bare `workbench` package, which imports nothing)
-    executors = ("workbench", "workbench.executor", "workbench.ray_executor")
-    if module == "workbench.errors" or module in executors or module.startswith("workbench.store"):
+    # the executors map a function over items and import nothing of the layers (Ray only when
+    # asked), the JIT wrapper only numba; the bare `workbench` package imports nothing
+    ground = (
+        "workbench",
+        "workbench.errors",
+        "workbench.executor",
+        "workbench.ray_executor",
+        "workbench.jit",
+    )
+    if module in ground or module.startswith("workbench.store"):
         return "ground"
     if module.startswith(("ingest", "detectors")):
         return module.split(".")[0]

@@ -102,7 +102,7 @@ _COMPILED: list = []  # numba is imported on the first write: reading the store 
 
 def _supersede(order, codes, steps):
     if not _COMPILED:
-        from numba import njit
+        from workbench.jit import njit
 
         _COMPILED.append(njit(cache=True, nogil=True)(_supersede_loop))
     return _COMPILED[0](order, codes, steps)
