@@ -98,7 +98,7 @@ def replay_summary(summary: pl.DataFrame, result, err: Console) -> None:
 
 def backtest_report(result, budget: float, frontier, best_under_budget) -> None:
     """The scores table, each sweep's frontier and best point within the budget, the predictors."""
-    out = Console()
+    out = _out()
     r0 = result.rules[0] if result.rules else {}
     out.print(
         f"[bold]Backtest[/] over {result.runs} runs: {r0.get('runs_failed', 0)} failed, "
@@ -219,7 +219,7 @@ def _ensemble_line(out: Console, e: dict | None) -> None:
 def backtest_summary(result) -> None:
     """The seed-style summary per rule, the rule x failure-kind matrix, the ensemble, and the
     plateau predictors with the evaluation schedules they drive."""
-    out = Console()
+    out = _out()
     s0 = result.rules[0] if result.rules else {}
     out.print(
         f"[bold]Backtest summary[/] over {result.runs} runs: {s0.get('runs_failed', 0)} failed, "
@@ -349,7 +349,7 @@ def _predictors(out: Console, result) -> None:
 
 def tuning_report(result) -> None:
     """Per tuned rule: the pick in-sample and cross-validated (and on the holdout runs)."""
-    out = Console()
+    out = _out()
     if not result.tuning:
         out.print("No rule has more than one parameter point to pick among.")
         return
@@ -406,7 +406,7 @@ def lineage_tree(node) -> None:
 
     root = Tree(label(node.run))
     grow(root, node)
-    Console().print(root)
+    _out().print(root)
 
 
 def check_report(report) -> None:
