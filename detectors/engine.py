@@ -36,9 +36,88 @@ class ReplayError(WorkbenchError):
     """A rule that cannot be evaluated on the selection (says what is available)."""
 
 
+@njit(cache=True, nogil=True)
+def _bucket(rid, tid, step, value, n_runs, n_buckets):
+    """Points grouped by bucket tid * n_runs + rid (a counting sort, stable): rid, step, value
+    in that order, the bucket bounds (n_buckets + 1), and whether every bucket's steps rise."""
+    counts = np.zeros(n_buckets + 1, np.int64)
+    for i in range(rid.shape[0]):
+        counts[tid[i] * n_runs + rid[i] + 1] += 1
+    bounds = np.cumsum(counts)
+    at = bounds[:-1].copy()
+    o_rid = np.empty(rid.shape[0], np.int32)
+    o_step = np.empty(rid.shape[0], np.int64)
+    o_value = np.empty(rid.shape[0], np.float64)
+    for i in range(rid.shape[0]):
+        b = tid[i] * n_runs + rid[i]
+        j = at[b]
+        at[b] = j + 1
+        o_rid[j] = rid[i]
+        o_step[j] = step[i]
+        o_value[j] = value[i]
+    in_order = True
+    for b in range(n_buckets):
+        for j in range(bounds[b] + 1, bounds[b + 1]):
+            if o_step[j] < o_step[j - 1]:
+                in_order = False
+    return o_rid, o_step, o_value, bounds, in_order
+
+
+@dataclass
+class Coded:
+    """Points as integer codes: `rid` indexes `runs`, `tid` indexes `tags` (and `metrics`, each
+    tag's canonical metric or None). A replay loads these straight from the store, so no
+    per-point string is ever built."""
+
+    runs: list[str]
+    tags: list[str]
+    metrics: list[str | None]
+    rid: np.ndarray
+    tid: np.ndarray
+    step: np.ndarray
+    value: np.ndarray
+
+    @classmethod
+    def of(cls, points: pl.DataFrame) -> Coded:
+        """The codes of a (run_id, tag, metric, step, value) frame."""
+        runs = sorted(points["run_id"].unique().to_list())
+        per_tag = points.group_by("tag").agg(pl.col("metric").first()).sort("tag")
+        tags = per_tag["tag"].to_list()
+        return cls(
+            runs,
+            tags,
+            per_tag["metric"].to_list(),
+            points["run_id"].cast(pl.Enum(runs)).to_physical().cast(pl.Int32).to_numpy(),
+            points["tag"].cast(pl.Enum(tags)).to_physical().cast(pl.Int32).to_numpy(),
+            points["step"].to_numpy(),
+            points["value"].to_numpy(),
+        )
+
+    def frame(self) -> pl.DataFrame:
+        """The points as strings again (run_id, tag, metric, step, value)."""
+        tid = pl.Series(self.tid).cast(pl.Int64)
+        return pl.DataFrame(
+            {
+                "run_id": pl.Series(self.runs, dtype=pl.String).gather(pl.Series(self.rid).cast(pl.Int64)),
+                "tag": pl.Series(self.tags, dtype=pl.String).gather(tid),
+                "metric": pl.Series(self.metrics, dtype=pl.String).gather(tid),
+                "step": self.step,
+                "value": self.value,
+            },
+            schema={
+                "run_id": pl.String,
+                "tag": pl.String,
+                "metric": pl.String,
+                "step": pl.Int64,
+                "value": pl.Float64,
+            },
+        )
+
+
 @dataclass
 class SeriesData:
-    """The points a replay needs: (run_id, tag, metric, step, value), current points only.
+    """The points a replay needs: (run_id, tag, metric, step, value), current points only; a
+    frame, or `Coded` (then `points`, the frame, is decoded only if asked for).
 
     Inside, runs and tags are integer codes (`rid`, `tid`) and points are split by tag once, so
     that resolving a name, sorting and joining never touch strings. Code detectors read
@@ -46,7 +125,7 @@ class SeriesData:
     `events`, `run_codes` and `run_ids(rids)`.
     """
 
-    points: pl.DataFrame
+    points: pl.DataFrame | Coded
     events: pl.DataFrame = field(
         default_factory=lambda: pl.DataFrame(
             schema={"run_id": pl.String, "step": pl.Int64, "kind": pl.String, "attrs": pl.String}
@@ -60,22 +139,55 @@ class SeriesData:
     counts: pl.DataFrame | None = None
 
     def __post_init__(self):
-        pts = self.points.select(
-            pl.col("run_id").cast(pl.String),
-            pl.col("tag").cast(pl.String),
-            pl.col("metric").cast(pl.String),
-            pl.col("step").cast(pl.Int64),
-            pl.col("value").cast(pl.Float64),
-        )
+        if isinstance(self.points, Coded):
+            c = self._coded = self.points
+            del self.points  # decoded by __getattr__ when asked for
+        else:
+            pts = self.points.select(
+                pl.col("run_id").cast(pl.String),
+                pl.col("tag").cast(pl.String),
+                pl.col("metric").cast(pl.String),
+                pl.col("step").cast(pl.Int64),
+                pl.col("value").cast(pl.Float64),
+            )
+            self.points = pts
+            c = self._coded = Coded.of(pts)
         if not self.runs:
-            self.runs = sorted(pts["run_id"].unique().to_list())
-        # integer codes from a categorical encoding (hashing, no joins over the points)
-        coded = pts.with_columns(
-            rid=pl.col("run_id").cast(pl.Categorical).to_physical().cast(pl.Int32),
-            tid=pl.col("tag").cast(pl.Categorical).to_physical().cast(pl.Int32),
+            self.runs = list(c.runs)
+        # bucketed by (tid, rid) in one counting pass, keeping the parts' order inside a bucket
+        n_runs = max(len(c.runs), 1)
+        step, value = np.asarray(c.step, np.int64), np.asarray(c.value, np.float64)
+        rid, step, value, bounds, in_order = _bucket(
+            np.asarray(c.rid, np.int32),
+            np.asarray(c.tid, np.int32),
+            step,
+            value,
+            n_runs,
+            n_runs * len(c.tags),
         )
-        self.tags_frame = coded.group_by("rid", "tid").agg(
-            pl.col("run_id", "tag", "metric").first(), n=pl.len()
+        if not in_order:  # a run's chunks out of step order
+            order = np.lexsort((step, np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))))
+            rid, step, value = rid[order], step[order], value[order]
+        g_key = np.flatnonzero(np.diff(bounds))  # the (tid, rid) buckets holding points
+        g_rid, g_tid = (g_key % n_runs).astype(np.int32), (g_key // n_runs).astype(np.int32)
+        g_n = np.diff(bounds)[g_key]
+        self.tags_frame = pl.DataFrame(
+            {
+                "rid": g_rid,
+                "tid": g_tid,
+                "run_id": [c.runs[i] for i in g_rid],
+                "tag": [c.tags[i] for i in g_tid],
+                "metric": [c.metrics[i] for i in g_tid],
+                "n": g_n.astype(np.uint32),
+            },
+            schema={
+                "rid": pl.Int32,
+                "tid": pl.Int32,
+                "run_id": pl.String,
+                "tag": pl.String,
+                "metric": pl.String,
+                "n": pl.UInt32,
+            },
         )
         if self.counts is not None:
             self.tags_frame = (
@@ -84,29 +196,31 @@ class SeriesData:
                     self.counts.select("run_id", "tag", pl.col("n").cast(pl.UInt32)),
                     on=["run_id", "tag"],
                     how="left",
+                    maintain_order="left",
                 )
                 .with_columns(pl.col("n").fill_null(0))
             )
-        self._run_code = dict(
-            zip(
-                *self.tags_frame.select("run_id", "rid").unique().to_dict(as_series=False).values(),
-                strict=True,
-            )
-        )
+        self._run_code = {r: i for i, r in enumerate(c.runs)}
         extra = [r for r in self.runs if r not in self._run_code]  # selected runs with no points
-        base = max(self._run_code.values(), default=-1) + 1
-        self._run_code.update({r: base + i for i, r in enumerate(extra)})
-        self.run_name = {c: r for r, c in self._run_code.items()}
-        self.tag_name = dict(
-            zip(*self.tags_frame.select("tid", "tag").unique().to_dict(as_series=False).values(), strict=True)
-        )
+        self._run_code.update({r: len(c.runs) + i for i, r in enumerate(extra)})
+        self.run_name = {i: r for r, i in self._run_code.items()}
+        present = np.unique(g_tid)
+        self.tag_name = {int(t): c.tags[t] for t in present}
         self.tag_names = sorted(self.tag_name.values())
-        self._by_tag = {
-            k[0]: v.select("rid", "step", "value").sort("rid", "step")
-            for k, v in coded.select("rid", "tid", "step", "value").partition_by("tid", as_dict=True).items()
-        }
-        self.points = pts
+        self._by_tag = {}
+        for t in present:  # each tag's rows are one stretch
+            lo, hi = bounds[int(t) * n_runs], bounds[(int(t) + 1) * n_runs]
+            self._by_tag[int(t)] = pl.DataFrame(
+                {"rid": rid[lo:hi], "step": step[lo:hi], "value": value[lo:hi]},
+                schema={"rid": pl.Int32, "step": pl.Int64, "value": pl.Float64},
+            )
         self.cache: dict = {}  # per loaded batch: series, leaves and grids shared by rules and sweep points
+
+    def __getattr__(self, name):
+        if name == "points":  # a Coded load: the frame of strings, built on first use
+            self.points = self._coded.frame()
+            return self.points
+        raise AttributeError(name)
 
     @property
     def run_codes(self) -> pl.DataFrame:
@@ -152,9 +266,12 @@ class SeriesData:
             empty = pl.DataFrame(
                 schema={"rid": pl.Int32, "key": pl.Int32, "step": pl.Int64, "value": pl.Float64}
             )
-            self.cache[ck] = (
-                pl.concat(parts).select(*UNIT, "step", "value").sort(*UNIT, "step") if parts else empty
-            )
+            if len(parts) == 1:  # one tag: already in (rid, step) order
+                self.cache[ck] = parts[0].select(*UNIT, "step", "value")
+            else:
+                self.cache[ck] = (
+                    pl.concat(parts).select(*UNIT, "step", "value").sort(*UNIT, "step") if parts else empty
+                )
         return self.cache[ck]
 
     def logged_steps(self) -> dict[str, np.ndarray]:
@@ -488,9 +605,11 @@ def _grid(rule: Rule, data: SeriesData, frames: list, units: pl.DataFrame) -> pl
         series = {(n.name, n.quoted): (n, s) for _, n, s in frames}  # one entry per distinct name
         first = next((s for n, s in series.values() if n.is_glob), next(iter(series.values()))[1])
         if all(_same_rows(first, s, keyed=n.is_glob) for n, s in series.values()):
-            grid = first.select(*UNIT, "step").join(
-                units, on=UNIT, how="semi"
-            )  # logged together: any one is the grid
+            grid = first.select(*UNIT, "step")  # logged together: any one is the grid
+            if len(_starts(first["rid"], first["key"])) - 1 == units.height:
+                data.cache[ck] = grid  # every unit evaluable (units are a subset): sorted already
+                return grid
+            grid = grid.join(units, on=UNIT, how="semi")
         else:
             parts = [
                 (
@@ -649,7 +768,7 @@ def stream_alerts(
 
 def alerts_from(rule: Rule, frame: pl.DataFrame, texts: list[str], data: SeriesData) -> pl.DataFrame:
     """Streaks of true steps -> alert intervals (frame sorted by rid, key, step)."""
-    units = frame.select(UNIT).n_unique() if frame.height else 0
+    units = len(_starts(frame["rid"], frame["key"])) - 1
     return stream_alerts(rule, frame, texts, data, zero_state(units))[0]
 
 

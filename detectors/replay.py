@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from detectors.builtins import builtin_rules
-from detectors.engine import ALERT_SCHEMA, ReplayError, SeriesData, evaluate
+from detectors.engine import ALERT_SCHEMA, Coded, ReplayError, SeriesData, evaluate
 from detectors.rules import Rule, load_rule_file
 from workbench.store import Store
 
@@ -50,25 +51,57 @@ RANKED_RUNS = """
     UNION SELECT run_id FROM _multi_source WHERE list_contains(?1, run_id)"""
 
 
+def _enum(names: list[str]) -> str:
+    """A DuckDB ENUM type of these names: a column cast to it comes back as dictionary codes."""
+    return "ENUM(" + ", ".join("'" + n.replace("'", "''") + "'" for n in names) + ")" if names else "VARCHAR"
+
+
+def _codes(column: pa.ChunkedArray, names: list[str]) -> np.ndarray:
+    """Indices into `names` of a dictionary column (each chunk's dictionary mapped onto them)."""
+    at = {n: i for i, n in enumerate(names)}
+    parts = []
+    for chunk in column.chunks:
+        mapping = np.array([at[n] for n in chunk.dictionary.to_pylist()] or [0], np.int32)
+        parts.append(mapping[chunk.indices.to_numpy(zero_copy_only=False)])
+    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+
 def load(store: Store, runs: list[str] | str | None = None) -> SeriesData:
     """Every current point of the given runs (a list, or a glob over run ids)."""
     if runs is None or isinstance(runs, str):
         runs = [r for r, _ in select_runs(store, runs)]
+    runs = sorted(runs)
     con = store.connect()
     # runs where no point of one file is superseded by another file's, and no tag is logged by
     # two sources: their current points are the parts' rows not superseded inside their chunk,
     # read without the `scalars` view's ranking; the others through it
     ranked = {r for (r,) in con.execute(RANKED_RUNS, [runs]).fetchall()}
-    pts = con.sql(
-        "SELECT p.run_id, p.tag, m.metric, p.step, p.value FROM _parts p LEFT JOIN _tag_metric m USING (tag) "
-        "WHERE NOT p.local_superseded AND list_contains(?, p.run_id) "
-        "UNION ALL SELECT run_id, tag, metric, step, value FROM scalars WHERE list_contains(?, run_id)",
+    tag_rows = con.execute(
+        "SELECT DISTINCT ct.tag, m.metric FROM _chunk_tags ct JOIN _chunks c USING (chunk_id) "
+        "LEFT JOIN _tag_metric m USING (tag) WHERE list_contains(?, c.run_id) ORDER BY ct.tag",
+        [runs],
+    ).fetchall()
+    tags = [t for t, _ in tag_rows]
+    # run and tag as ENUM codes: no per-point string reaches Python
+    cols = f"run_id::{_enum(runs)} AS run_id, tag::{_enum(tags)} AS tag, step, value"
+    table = con.sql(
+        f"SELECT {cols} FROM _parts WHERE NOT local_superseded AND list_contains(?, run_id) "
+        f"UNION ALL SELECT {cols} FROM scalars WHERE list_contains(?, run_id)",
         params=[[r for r in runs if r not in ranked], sorted(ranked)],
-    ).pl()
+    ).to_arrow_table()
+    coded = Coded(
+        runs,
+        tags,
+        [m for _, m in tag_rows],
+        _codes(table["run_id"], runs),
+        _codes(table["tag"], tags),
+        table["step"].to_numpy(),
+        table["value"].to_numpy(),
+    )
     ev = con.sql(
         "SELECT run_id, step, kind, attrs FROM events WHERE list_contains(?, run_id)", params=[runs]
     ).pl()
-    return SeriesData(pts, ev, sorted(runs))
+    return SeriesData(coded, ev, runs)
 
 
 def prefetched(store: Store, groups: list[list[str]]) -> Iterator[SeriesData]:
