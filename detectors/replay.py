@@ -113,7 +113,9 @@ def load(store: Store, runs: list[str] | str | None = None, con=None) -> SeriesD
         tid.append(_codes(view["tag"], tags))
         step.append(view["step"].to_numpy())
         value.append(view["value"].to_numpy())
-    cat = np.concatenate
+    def cat(arrays):  # (no copy of a single array)
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
     coded = Coded(runs, tags, [m for _, m in tag_rows], cat(rid), cat(tid), cat(step), cat(value))
     ev = con.sql(
         "SELECT run_id, step, kind, attrs FROM events WHERE list_contains(?, run_id)", params=[runs]
