@@ -374,38 +374,86 @@ def _starts(rid: pl.Series, key: pl.Series) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
+def _mean_std4(x, lo, k, std):
+    """Mean (or std, ddof 1) of the windows x[lo:lo+k] ... x[lo+3:lo+3+k]: four sums side by
+    side, each added in the order of one window alone (so bit for bit the same), which the
+    processor overlaps."""
+    m0 = m1 = m2 = m3 = 0.0
+    for j in range(lo, lo + k):
+        m0 += x[j]
+        m1 += x[j + 1]
+        m2 += x[j + 2]
+        m3 += x[j + 3]
+    m0 /= k
+    m1 /= k
+    m2 /= k
+    m3 /= k
+    if not std:
+        return m0, m1, m2, m3
+    s0 = s1 = s2 = s3 = 0.0
+    for j in range(lo, lo + k):
+        s0 += (x[j] - m0) ** 2
+        s1 += (x[j + 1] - m1) ** 2
+        s2 += (x[j + 2] - m2) ** 2
+        s3 += (x[j + 3] - m3) ** 2
+    return np.sqrt(s0 / (k - 1)), np.sqrt(s1 / (k - 1)), np.sqrt(s2 / (k - 1)), np.sqrt(s3 / (k - 1))
+
+
+@njit(cache=True, nogil=True)
 def _window_stat(starts, x, k, stat):
     """mean, std (ddof 1), min or max of the k values before each point, per group; a window
     holding NaN gives NaN; null (valid False) until k values came before."""
     out = np.full(x.shape[0], np.nan)
     valid = np.zeros(x.shape[0], np.bool_)
     for g in range(starts.shape[0] - 1):
-        for i in range(starts[g] + k, starts[g + 1]):
-            valid[i] = True
-            if stat == 0 or stat == 1:
-                m = 0.0
+        if stat >= 2:
+            _window_extreme(x, starts[g], starts[g + 1], k, stat == 3, out, valid)
+            continue
+        rest = starts[g] + k
+        if stat == 0 or (stat == 1 and k > 1):  # four points at a time, the rest one by one below
+            while rest + 4 <= starts[g + 1]:
+                out[rest], out[rest + 1], out[rest + 2], out[rest + 3] = _mean_std4(x, rest - k, k, stat == 1)
+                valid[rest : rest + 4] = True
+                rest += 4
+        for i in range(rest, starts[g + 1]):
+            m = 0.0
+            for j in range(i - k, i):
+                m += x[j]
+            m /= k
+            if stat == 0:
+                out[i] = m
+            elif k > 1:
+                ss = 0.0
                 for j in range(i - k, i):
-                    m += x[j]
-                m /= k
-                if stat == 0:
-                    out[i] = m
-                elif k > 1:
-                    ss = 0.0
-                    for j in range(i - k, i):
-                        ss += (x[j] - m) ** 2
-                    out[i] = np.sqrt(ss / (k - 1))
-                else:
-                    valid[i] = False
-            else:
-                r = x[i - k]
-                for j in range(i - k, i):
-                    if np.isnan(x[j]):
-                        r = np.nan
-                        break
-                    if (stat == 2 and x[j] < r) or (stat == 3 and x[j] > r):
-                        r = x[j]
-                out[i] = r
+                    ss += (x[j] - m) ** 2
+                out[i] = np.sqrt(ss / (k - 1))
+            valid[i] = stat == 0 or k > 1
     return out, valid
+
+
+@njit(cache=True, nogil=True)
+def _window_extreme(x, lo, hi, k, is_max, out, valid):
+    """min (max) of the k values before each point of x[lo:hi] by a monotone queue of indices:
+    exact, so the same as scanning each window (the earliest of equal extremes; NaN when the
+    window holds one)."""
+    q = np.empty(hi - lo, np.int64)
+    h = t = 0
+    nans = 0
+    for j in range(lo, hi - 1):  # x[j] enters the window of point j + 1: x[j + 1 - k .. j]
+        if np.isnan(x[j]):
+            nans += 1
+        else:
+            while t > h and ((x[q[t - 1]] < x[j]) if is_max else (x[q[t - 1]] > x[j])):
+                t -= 1
+            q[t] = j
+            t += 1
+        if j - k >= lo and np.isnan(x[j - k]):
+            nans -= 1
+        while h < t and q[h] <= j - k:
+            h += 1
+        if j + 1 >= lo + k:
+            valid[j + 1] = True
+            out[j + 1] = np.nan if nans > 0 else x[q[h]]
 
 
 @njit(cache=True, nogil=True)

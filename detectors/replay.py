@@ -113,6 +113,7 @@ def load(store: Store, runs: list[str] | str | None = None, con=None) -> SeriesD
         tid.append(_codes(view["tag"], tags))
         step.append(view["step"].to_numpy())
         value.append(view["value"].to_numpy())
+
     def cat(arrays):  # (no copy of a single array)
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
