@@ -93,26 +93,6 @@ class Coded:
             points["value"].to_numpy(),
         )
 
-    def frame(self) -> pl.DataFrame:
-        """The points as strings again (run_id, tag, metric, step, value)."""
-        tid = pl.Series(self.tid).cast(pl.Int64)
-        return pl.DataFrame(
-            {
-                "run_id": pl.Series(self.runs, dtype=pl.String).gather(pl.Series(self.rid).cast(pl.Int64)),
-                "tag": pl.Series(self.tags, dtype=pl.String).gather(tid),
-                "metric": pl.Series(self.metrics, dtype=pl.String).gather(tid),
-                "step": self.step,
-                "value": self.value,
-            },
-            schema={
-                "run_id": pl.String,
-                "tag": pl.String,
-                "metric": pl.String,
-                "step": pl.Int64,
-                "value": pl.Float64,
-            },
-        )
-
 
 @dataclass
 class SeriesData:
@@ -140,7 +120,7 @@ class SeriesData:
 
     def __post_init__(self):
         if isinstance(self.points, Coded):
-            c = self._coded = self.points
+            c = self.points
             del self.points  # decoded by __getattr__ when asked for
         else:
             pts = self.points.select(
@@ -151,7 +131,7 @@ class SeriesData:
                 pl.col("value").cast(pl.Float64),
             )
             self.points = pts
-            c = self._coded = Coded.of(pts)
+            c = Coded.of(pts)
         if not self.runs:
             self.runs = list(c.runs)
         # bucketed by (tid, rid) in one counting pass, keeping the parts' order inside a bucket
@@ -217,8 +197,18 @@ class SeriesData:
         self.cache: dict = {}  # per loaded batch: series, leaves and grids shared by rules and sweep points
 
     def __getattr__(self, name):
-        if name == "points":  # a Coded load: the frame of strings, built on first use
-            self.points = self._coded.frame()
+        if name == "points":  # a Coded load: the frame of strings, built from the series on first use
+            parts = [f.with_columns(tid=pl.lit(t, pl.Int32)) for t, f in self._by_tag.items()]
+            names = self.tags_frame.select("rid", "tid", "run_id", "tag", "metric")
+            cols = ["run_id", "tag", "metric", "step", "value"]
+            self.points = (
+                pl.concat(parts).join(names, on=["rid", "tid"], how="left").select(cols)
+                if parts
+                else pl.DataFrame(
+                    schema={c: names.schema.get(c, pl.Int64) for c in cols[:3]}
+                    | {"step": pl.Int64, "value": pl.Float64}
+                )
+            )
             return self.points
         raise AttributeError(name)
 
