@@ -36,9 +36,68 @@ class ReplayError(WorkbenchError):
     """A rule that cannot be evaluated on the selection (says what is available)."""
 
 
+@njit(cache=True, nogil=True)
+def _bucket(rid, tid, step, value, n_runs, n_buckets):
+    """Points grouped by bucket tid * n_runs + rid (a counting sort, stable): rid, step, value
+    in that order, the bucket bounds (n_buckets + 1), and whether every bucket's steps rise."""
+    counts = np.zeros(n_buckets + 1, np.int64)
+    for i in range(rid.shape[0]):
+        counts[tid[i] * n_runs + rid[i] + 1] += 1
+    bounds = np.cumsum(counts)
+    at = bounds[:-1].copy()
+    o_rid = np.empty(rid.shape[0], np.int32)
+    o_step = np.empty(rid.shape[0], np.int64)
+    o_value = np.empty(rid.shape[0], np.float64)
+    for i in range(rid.shape[0]):
+        b = tid[i] * n_runs + rid[i]
+        j = at[b]
+        at[b] = j + 1
+        o_rid[j] = rid[i]
+        o_step[j] = step[i]
+        o_value[j] = value[i]
+    in_order = True
+    for b in range(n_buckets):
+        for j in range(bounds[b] + 1, bounds[b + 1]):
+            if o_step[j] < o_step[j - 1]:
+                in_order = False
+    return o_rid, o_step, o_value, bounds, in_order
+
+
+@dataclass
+class Coded:
+    """Points as integer codes: `rid` indexes `runs`, `tid` indexes `tags` (and `metrics`, each
+    tag's canonical metric or None). A replay loads these straight from the store, so no
+    per-point string is ever built."""
+
+    runs: list[str]
+    tags: list[str]
+    metrics: list[str | None]
+    rid: np.ndarray
+    tid: np.ndarray
+    step: np.ndarray
+    value: np.ndarray
+
+    @classmethod
+    def of(cls, points: pl.DataFrame) -> Coded:
+        """The codes of a (run_id, tag, metric, step, value) frame."""
+        runs = sorted(points["run_id"].unique().to_list())
+        per_tag = points.group_by("tag").agg(pl.col("metric").first()).sort("tag")
+        tags = per_tag["tag"].to_list()
+        return cls(
+            runs,
+            tags,
+            per_tag["metric"].to_list(),
+            points["run_id"].cast(pl.Enum(runs)).to_physical().cast(pl.Int32).to_numpy(),
+            points["tag"].cast(pl.Enum(tags)).to_physical().cast(pl.Int32).to_numpy(),
+            points["step"].to_numpy(),
+            points["value"].to_numpy(),
+        )
+
+
 @dataclass
 class SeriesData:
-    """The points a replay needs: (run_id, tag, metric, step, value), current points only.
+    """The points a replay needs: (run_id, tag, metric, step, value), current points only; a
+    frame, or `Coded` (then `points`, the frame, is decoded only if asked for).
 
     Inside, runs and tags are integer codes (`rid`, `tid`) and points are split by tag once, so
     that resolving a name, sorting and joining never touch strings. Code detectors read
@@ -46,7 +105,7 @@ class SeriesData:
     `events`, `run_codes` and `run_ids(rids)`.
     """
 
-    points: pl.DataFrame
+    points: pl.DataFrame | Coded
     events: pl.DataFrame = field(
         default_factory=lambda: pl.DataFrame(
             schema={"run_id": pl.String, "step": pl.Int64, "kind": pl.String, "attrs": pl.String}
@@ -60,22 +119,55 @@ class SeriesData:
     counts: pl.DataFrame | None = None
 
     def __post_init__(self):
-        pts = self.points.select(
-            pl.col("run_id").cast(pl.String),
-            pl.col("tag").cast(pl.String),
-            pl.col("metric").cast(pl.String),
-            pl.col("step").cast(pl.Int64),
-            pl.col("value").cast(pl.Float64),
-        )
+        if isinstance(self.points, Coded):
+            c = self.points
+            del self.points  # decoded by __getattr__ when asked for
+        else:
+            pts = self.points.select(
+                pl.col("run_id").cast(pl.String),
+                pl.col("tag").cast(pl.String),
+                pl.col("metric").cast(pl.String),
+                pl.col("step").cast(pl.Int64),
+                pl.col("value").cast(pl.Float64),
+            )
+            self.points = pts
+            c = Coded.of(pts)
         if not self.runs:
-            self.runs = sorted(pts["run_id"].unique().to_list())
-        # integer codes from a categorical encoding (hashing, no joins over the points)
-        coded = pts.with_columns(
-            rid=pl.col("run_id").cast(pl.Categorical).to_physical().cast(pl.Int32),
-            tid=pl.col("tag").cast(pl.Categorical).to_physical().cast(pl.Int32),
+            self.runs = list(c.runs)
+        # bucketed by (tid, rid) in one counting pass, keeping the parts' order inside a bucket
+        n_runs = max(len(c.runs), 1)
+        step, value = np.asarray(c.step, np.int64), np.asarray(c.value, np.float64)
+        rid, step, value, bounds, in_order = _bucket(
+            np.asarray(c.rid, np.int32),
+            np.asarray(c.tid, np.int32),
+            step,
+            value,
+            n_runs,
+            n_runs * len(c.tags),
         )
-        self.tags_frame = coded.group_by("rid", "tid").agg(
-            pl.col("run_id", "tag", "metric").first(), n=pl.len()
+        if not in_order:  # a run's chunks out of step order
+            order = np.lexsort((step, np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))))
+            rid, step, value = rid[order], step[order], value[order]
+        g_key = np.flatnonzero(np.diff(bounds))  # the (tid, rid) buckets holding points
+        g_rid, g_tid = (g_key % n_runs).astype(np.int32), (g_key // n_runs).astype(np.int32)
+        g_n = np.diff(bounds)[g_key]
+        self.tags_frame = pl.DataFrame(
+            {
+                "rid": g_rid,
+                "tid": g_tid,
+                "run_id": [c.runs[i] for i in g_rid],
+                "tag": [c.tags[i] for i in g_tid],
+                "metric": [c.metrics[i] for i in g_tid],
+                "n": g_n.astype(np.uint32),
+            },
+            schema={
+                "rid": pl.Int32,
+                "tid": pl.Int32,
+                "run_id": pl.String,
+                "tag": pl.String,
+                "metric": pl.String,
+                "n": pl.UInt32,
+            },
         )
         if self.counts is not None:
             self.tags_frame = (
@@ -84,29 +176,41 @@ class SeriesData:
                     self.counts.select("run_id", "tag", pl.col("n").cast(pl.UInt32)),
                     on=["run_id", "tag"],
                     how="left",
+                    maintain_order="left",
                 )
                 .with_columns(pl.col("n").fill_null(0))
             )
-        self._run_code = dict(
-            zip(
-                *self.tags_frame.select("run_id", "rid").unique().to_dict(as_series=False).values(),
-                strict=True,
-            )
-        )
+        self._run_code = {r: i for i, r in enumerate(c.runs)}
         extra = [r for r in self.runs if r not in self._run_code]  # selected runs with no points
-        base = max(self._run_code.values(), default=-1) + 1
-        self._run_code.update({r: base + i for i, r in enumerate(extra)})
-        self.run_name = {c: r for r, c in self._run_code.items()}
-        self.tag_name = dict(
-            zip(*self.tags_frame.select("tid", "tag").unique().to_dict(as_series=False).values(), strict=True)
-        )
+        self._run_code.update({r: len(c.runs) + i for i, r in enumerate(extra)})
+        self.run_name = {i: r for r, i in self._run_code.items()}
+        present = np.unique(g_tid)
+        self.tag_name = {int(t): c.tags[t] for t in present}
         self.tag_names = sorted(self.tag_name.values())
-        self._by_tag = {
-            k[0]: v.select("rid", "step", "value").sort("rid", "step")
-            for k, v in coded.select("rid", "tid", "step", "value").partition_by("tid", as_dict=True).items()
-        }
-        self.points = pts
+        self._by_tag = {}
+        for t in present:  # each tag's rows are one stretch
+            lo, hi = bounds[int(t) * n_runs], bounds[(int(t) + 1) * n_runs]
+            self._by_tag[int(t)] = pl.DataFrame(
+                {"rid": rid[lo:hi], "step": step[lo:hi], "value": value[lo:hi]},
+                schema={"rid": pl.Int32, "step": pl.Int64, "value": pl.Float64},
+            )
         self.cache: dict = {}  # per loaded batch: series, leaves and grids shared by rules and sweep points
+
+    def __getattr__(self, name):
+        if name == "points":  # a Coded load: the frame of strings, built from the series on first use
+            parts = [f.with_columns(tid=pl.lit(t, pl.Int32)) for t, f in self._by_tag.items()]
+            names = self.tags_frame.select("rid", "tid", "run_id", "tag", "metric")
+            cols = ["run_id", "tag", "metric", "step", "value"]
+            self.points = (
+                pl.concat(parts).join(names, on=["rid", "tid"], how="left").select(cols)
+                if parts
+                else pl.DataFrame(
+                    schema={c: names.schema.get(c, pl.Int64) for c in cols[:3]}
+                    | {"step": pl.Int64, "value": pl.Float64}
+                )
+            )
+            return self.points
+        raise AttributeError(name)
 
     @property
     def run_codes(self) -> pl.DataFrame:
@@ -152,9 +256,12 @@ class SeriesData:
             empty = pl.DataFrame(
                 schema={"rid": pl.Int32, "key": pl.Int32, "step": pl.Int64, "value": pl.Float64}
             )
-            self.cache[ck] = (
-                pl.concat(parts).select(*UNIT, "step", "value").sort(*UNIT, "step") if parts else empty
-            )
+            if len(parts) == 1:  # one tag: already in (rid, step) order
+                self.cache[ck] = parts[0].select(*UNIT, "step", "value")
+            else:
+                self.cache[ck] = (
+                    pl.concat(parts).select(*UNIT, "step", "value").sort(*UNIT, "step") if parts else empty
+                )
         return self.cache[ck]
 
     def logged_steps(self) -> dict[str, np.ndarray]:
@@ -257,38 +364,86 @@ def _starts(rid: pl.Series, key: pl.Series) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
+def _mean_std4(x, lo, k, std):
+    """Mean (or std, ddof 1) of the windows x[lo:lo+k] ... x[lo+3:lo+3+k]: four sums side by
+    side, each added in the order of one window alone (so bit for bit the same), which the
+    processor overlaps."""
+    m0 = m1 = m2 = m3 = 0.0
+    for j in range(lo, lo + k):
+        m0 += x[j]
+        m1 += x[j + 1]
+        m2 += x[j + 2]
+        m3 += x[j + 3]
+    m0 /= k
+    m1 /= k
+    m2 /= k
+    m3 /= k
+    if not std:
+        return m0, m1, m2, m3
+    s0 = s1 = s2 = s3 = 0.0
+    for j in range(lo, lo + k):
+        s0 += (x[j] - m0) ** 2
+        s1 += (x[j + 1] - m1) ** 2
+        s2 += (x[j + 2] - m2) ** 2
+        s3 += (x[j + 3] - m3) ** 2
+    return np.sqrt(s0 / (k - 1)), np.sqrt(s1 / (k - 1)), np.sqrt(s2 / (k - 1)), np.sqrt(s3 / (k - 1))
+
+
+@njit(cache=True, nogil=True)
 def _window_stat(starts, x, k, stat):
     """mean, std (ddof 1), min or max of the k values before each point, per group; a window
     holding NaN gives NaN; null (valid False) until k values came before."""
     out = np.full(x.shape[0], np.nan)
     valid = np.zeros(x.shape[0], np.bool_)
     for g in range(starts.shape[0] - 1):
-        for i in range(starts[g] + k, starts[g + 1]):
-            valid[i] = True
-            if stat == 0 or stat == 1:
-                m = 0.0
+        if stat >= 2:
+            _window_extreme(x, starts[g], starts[g + 1], k, stat == 3, out, valid)
+            continue
+        rest = starts[g] + k
+        if stat == 0 or (stat == 1 and k > 1):  # four points at a time, the rest one by one below
+            while rest + 4 <= starts[g + 1]:
+                out[rest], out[rest + 1], out[rest + 2], out[rest + 3] = _mean_std4(x, rest - k, k, stat == 1)
+                valid[rest : rest + 4] = True
+                rest += 4
+        for i in range(rest, starts[g + 1]):
+            m = 0.0
+            for j in range(i - k, i):
+                m += x[j]
+            m /= k
+            if stat == 0:
+                out[i] = m
+            elif k > 1:
+                ss = 0.0
                 for j in range(i - k, i):
-                    m += x[j]
-                m /= k
-                if stat == 0:
-                    out[i] = m
-                elif k > 1:
-                    ss = 0.0
-                    for j in range(i - k, i):
-                        ss += (x[j] - m) ** 2
-                    out[i] = np.sqrt(ss / (k - 1))
-                else:
-                    valid[i] = False
-            else:
-                r = x[i - k]
-                for j in range(i - k, i):
-                    if np.isnan(x[j]):
-                        r = np.nan
-                        break
-                    if (stat == 2 and x[j] < r) or (stat == 3 and x[j] > r):
-                        r = x[j]
-                out[i] = r
+                    ss += (x[j] - m) ** 2
+                out[i] = np.sqrt(ss / (k - 1))
+            valid[i] = stat == 0 or k > 1
     return out, valid
+
+
+@njit(cache=True, nogil=True)
+def _window_extreme(x, lo, hi, k, is_max, out, valid):
+    """min (max) of the k values before each point of x[lo:hi] by a monotone queue of indices:
+    exact, so the same as scanning each window (the earliest of equal extremes; NaN when the
+    window holds one)."""
+    q = np.empty(hi - lo, np.int64)
+    h = t = 0
+    nans = 0
+    for j in range(lo, hi - 1):  # x[j] enters the window of point j + 1: x[j + 1 - k .. j]
+        if np.isnan(x[j]):
+            nans += 1
+        else:
+            while t > h and ((x[q[t - 1]] < x[j]) if is_max else (x[q[t - 1]] > x[j])):
+                t -= 1
+            q[t] = j
+            t += 1
+        if j - k >= lo and np.isnan(x[j - k]):
+            nans -= 1
+        while h < t and q[h] <= j - k:
+            h += 1
+        if j + 1 >= lo + k:
+            valid[j + 1] = True
+            out[j + 1] = np.nan if nans > 0 else x[q[h]]
 
 
 @njit(cache=True, nogil=True)
@@ -488,9 +643,11 @@ def _grid(rule: Rule, data: SeriesData, frames: list, units: pl.DataFrame) -> pl
         series = {(n.name, n.quoted): (n, s) for _, n, s in frames}  # one entry per distinct name
         first = next((s for n, s in series.values() if n.is_glob), next(iter(series.values()))[1])
         if all(_same_rows(first, s, keyed=n.is_glob) for n, s in series.values()):
-            grid = first.select(*UNIT, "step").join(
-                units, on=UNIT, how="semi"
-            )  # logged together: any one is the grid
+            grid = first.select(*UNIT, "step")  # logged together: any one is the grid
+            if len(_starts(first["rid"], first["key"])) - 1 == units.height:
+                data.cache[ck] = grid  # every unit evaluable (units are a subset): sorted already
+                return grid
+            grid = grid.join(units, on=UNIT, how="semi")
         else:
             parts = [
                 (
@@ -649,7 +806,7 @@ def stream_alerts(
 
 def alerts_from(rule: Rule, frame: pl.DataFrame, texts: list[str], data: SeriesData) -> pl.DataFrame:
     """Streaks of true steps -> alert intervals (frame sorted by rid, key, step)."""
-    units = frame.select(UNIT).n_unique() if frame.height else 0
+    units = len(_starts(frame["rid"], frame["key"])) - 1
     return stream_alerts(rule, frame, texts, data, zero_state(units))[0]
 
 

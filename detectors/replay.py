@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from detectors.builtins import builtin_rules
-from detectors.engine import ALERT_SCHEMA, ReplayError, SeriesData, evaluate
+from detectors.engine import ALERT_SCHEMA, Coded, ReplayError, SeriesData, evaluate
 from detectors.rules import Rule, load_rule_file
 from workbench.store import Store
 
@@ -50,39 +51,96 @@ RANKED_RUNS = """
     UNION SELECT run_id FROM _multi_source WHERE list_contains(?1, run_id)"""
 
 
-def load(store: Store, runs: list[str] | str | None = None) -> SeriesData:
-    """Every current point of the given runs (a list, or a glob over run ids)."""
+def _enum(names: list[str]) -> str:
+    """A DuckDB ENUM type of these names: a column cast to it comes back as dictionary codes."""
+    return "ENUM(" + ", ".join("'" + n.replace("'", "''") + "'" for n in names) + ")" if names else "VARCHAR"
+
+
+def _codes(column: pa.ChunkedArray, names: list[str]) -> np.ndarray:
+    """Indices into `names` of a dictionary column (each chunk's dictionary mapped onto them)."""
+    if not len(column):
+        return np.zeros(0, np.int32)
+    at = {n: i for i, n in enumerate(names)}
+    parts = []
+    for chunk in column.chunks:
+        mapping = np.array([at[n] for n in chunk.dictionary.to_pylist()] or [0], np.int32)
+        parts.append(mapping[chunk.indices.to_numpy(zero_copy_only=False)])
+    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+
+def load(store: Store, runs: list[str] | str | None = None, con=None) -> SeriesData:
+    """Every current point of the given runs (a list, or a glob over run ids); `con`: a
+    connection to the store to reuse (one is opened otherwise)."""
     if runs is None or isinstance(runs, str):
         runs = [r for r, _ in select_runs(store, runs)]
-    con = store.connect()
+    runs = sorted(runs)
+    con = con or store.connect()
     # runs where no point of one file is superseded by another file's, and no tag is logged by
     # two sources: their current points are the parts' rows not superseded inside their chunk,
     # read without the `scalars` view's ranking; the others through it
-    ranked = {r for (r,) in con.execute(RANKED_RUNS, [runs]).fetchall()}
-    pts = con.sql(
-        "SELECT p.run_id, p.tag, m.metric, p.step, p.value FROM _parts p LEFT JOIN _tag_metric m USING (tag) "
-        "WHERE NOT p.local_superseded AND list_contains(?, p.run_id) "
-        "UNION ALL SELECT run_id, tag, metric, step, value FROM scalars WHERE list_contains(?, run_id)",
-        params=[[r for r in runs if r not in ranked], sorted(ranked)],
-    ).pl()
+    ranked = sorted(r for (r,) in con.execute(RANKED_RUNS, [runs]).fetchall())
+    direct = [r for r in runs if r not in set(ranked)]
+    tag_rows = con.execute(
+        "SELECT DISTINCT ct.tag, m.metric FROM _chunk_tags ct JOIN _chunks c USING (chunk_id) "
+        "LEFT JOIN _tag_metric m USING (tag) WHERE list_contains(?, c.run_id) ORDER BY ct.tag",
+        [runs],
+    ).fetchall()
+    tags = [t for t, _ in tag_rows]
+    # tags as ENUM codes and runs by chunk id: no per-point string reaches Python
+    at = {r: i for i, r in enumerate(runs)}
+    chunks = sorted(
+        (c, at[r])
+        for c, r in con.execute(
+            "SELECT chunk_id, run_id FROM _chunks WHERE list_contains(?, run_id)", [direct]
+        ).fetchall()
+    )
+    parts = con.sql(
+        f"SELECT chunk_id, tag::{_enum(tags)} AS tag, step, value FROM _parts "
+        "WHERE NOT local_superseded AND list_contains(?, run_id)",
+        params=[direct],
+    ).to_arrow_table()
+    chunk_ids = np.array([c for c, _ in chunks], np.int64)
+    chunk_run = np.array([r for _, r in chunks], np.int32)
+    rid = [chunk_run[np.searchsorted(chunk_ids, parts["chunk_id"].to_numpy())]]
+    tid, step, value = [_codes(parts["tag"], tags)], [parts["step"].to_numpy()], [parts["value"].to_numpy()]
+    if ranked:
+        view = con.sql(
+            f"SELECT run_id::{_enum(runs)} AS run_id, tag::{_enum(tags)} AS tag, step, value FROM scalars "
+            "WHERE list_contains(?, run_id)",
+            params=[ranked],
+        ).to_arrow_table()
+        rid.append(_codes(view["run_id"], runs))
+        tid.append(_codes(view["tag"], tags))
+        step.append(view["step"].to_numpy())
+        value.append(view["value"].to_numpy())
+
+    def cat(arrays):  # (no copy of a single array)
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+    coded = Coded(runs, tags, [m for _, m in tag_rows], cat(rid), cat(tid), cat(step), cat(value))
     ev = con.sql(
         "SELECT run_id, step, kind, attrs FROM events WHERE list_contains(?, run_id)", params=[runs]
     ).pl()
-    return SeriesData(pts, ev, sorted(runs))
+    return SeriesData(coded, ev, runs)
 
 
 def prefetched(store: Store, groups: list[list[str]]) -> Iterator[SeriesData]:
     """SeriesData per group of runs, loading the next group while the caller works on this one."""
+    if not groups:
+        return
+    con = store.connect()  # one connection (and integrity check) for every batch, used by one thread
     with ThreadPoolExecutor(1, thread_name_prefix="load") as pool:
-        nxt = pool.submit(load, store, groups[0]) if groups else None
+        nxt = pool.submit(load, store, groups[0], con)
         for i in range(len(groups)):
             data = nxt.result()
-            nxt = pool.submit(load, store, groups[i + 1]) if i + 1 < len(groups) else None
+            nxt = pool.submit(load, store, groups[i + 1], con) if i + 1 < len(groups) else None
             yield data
 
 
-def batches(store: Store, runs_glob: str | None, max_points: int = 20_000_000) -> list[list[str]]:
-    """Runs grouped so that each batch holds at most about `max_points` points (memory bound)."""
+def batches(store: Store, runs_glob: str | None, max_points: int = 4_000_000) -> list[list[str]]:
+    """Runs grouped so that each batch holds at most about `max_points` points: a memory bound,
+    and small enough that loading the next batch overlaps evaluating this one (a few million
+    points still evaluate at full speed)."""
     out, cur, n = [], [], 0
     for run, points in select_runs(store, runs_glob):
         if cur and n + points > max_points:
