@@ -409,7 +409,7 @@ class LossDivergence(Detector):
     def conditions(self, data):
         s = _series_or_fail(data, self.metric, self.id)
         e, best = _ema_best(_group_starts(s), s["value"].to_numpy().astype(np.float64), float(self.weight))
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # inf: a rise past any bound
             ratio = e / best - 1.0
         frame = s.select("rid", "key", "step", cond=pl.Series(ratio > self.rise), _l0=pl.Series(ratio))
         frame = _after_warmup(frame, data)
