@@ -119,10 +119,12 @@ HOOK = """() => {
     window.__observer.observe(document.body, {childList: true, subtree: true});
   }
 }"""
-STATE = """([t0, check]) => {
+# the benchmark's own predicate (a JS arrow function) is written into the page function
+STATE = """() => {
   const gd = document.querySelector('.js-plotly-plot');
+  const check = __CHECK__;
   let ok = false;
-  try { ok = !!gd && !!gd.layout && eval(check)(gd); } catch (e) {}
+  try { ok = !!gd && !!gd.layout && check(gd); } catch (e) {}
   return [document.querySelector('[data-testid=stApp]')?.getAttribute('data-test-script-state'),
           window.__lastPlot || 0, performance.now(), ok];
 }"""
@@ -134,7 +136,7 @@ def settle(page, t0: float, check: str, quiet_ms: float = 1200, timeout_s: float
     page.evaluate(HOOK)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        state, last, now, ok = page.evaluate(STATE, [t0, check])
+        state, last, now, ok = page.evaluate(STATE.replace("__CHECK__", check))
         if state == "notRunning" and ok and last > t0 and now - last > quiet_ms:
             return (last - t0) / 1000
         time.sleep(0.05)
