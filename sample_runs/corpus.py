@@ -452,12 +452,7 @@ def write_labels(out: Path, specs: list[tuple[str, str, Spec]], seconds: dict[st
         if stack == "deepspeed":
             row["overflows"] = overflow_count(run)
         rows.append(row)
-        lines.append(f'[runs."{spec.name}"]')
-        lines.append(f'outcome = "{outcome}"')
-        if onset is not None:
-            lines.append(f"onset = {onset}")
-        if spec.kind != "healthy":
-            lines.append(f'kind = "{spec.kind}"')
+        lines += labels.label_entry(spec, outcome, onset)
         lines.append(f'stack = "{stack}"')
         lines.append(f'split = "{split}"')
         if "overflows" in row:

@@ -192,6 +192,16 @@ def onset_for(kind: str, run: Path, healthy_final: float = 1.0) -> int | None:
     return None
 
 
+def label_entry(spec, outcome: str, onset: int | None) -> list[str]:
+    """A run's table in labels.toml: outcome, onset and kind (the caller adds what else it knows)."""
+    lines = [f'[runs."{spec.name}"]', f'outcome = "{outcome}"']
+    if onset is not None:
+        lines.append(f"onset = {onset}")
+    if spec.kind != "healthy":
+        lines.append(f'kind = "{spec.kind}"')
+    return lines
+
+
 def write_labels_and_readme(out: Path, specs) -> None:
     lines = [
         "# Written by sample_runs/generate.py from each run's own evidence; rules in sample_runs/labels.py.",
@@ -215,12 +225,7 @@ def write_labels_and_readme(out: Path, specs) -> None:
         else:
             onset = onset_for(spec.kind, run, healthy_final)
             outcome = "failed" if onset is not None else "unknown"
-        lines.append(f'[runs."{spec.name}"]')
-        lines.append(f'outcome = "{outcome}"')
-        if onset is not None:
-            lines.append(f"onset = {onset}")
-        if spec.kind != "healthy":
-            lines.append(f'kind = "{spec.kind}"')
+        lines += label_entry(spec, outcome, onset)
         lines.append(f"note = {json.dumps(spec.story)}")
         lines.append("")
         table.append((spec, outcome, onset))

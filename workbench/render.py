@@ -96,15 +96,19 @@ def replay_summary(summary: pl.DataFrame, result, err: Console) -> None:
     )
 
 
-def backtest_report(result, budget: float, frontier, best_under_budget) -> None:
-    """The scores table, each sweep's frontier and best point within the budget, the predictors."""
-    out = _out()
+def _backtest_heading(out: Console, title: str, result) -> None:
     r0 = result.rules[0] if result.rules else {}
     out.print(
-        f"[bold]Backtest[/] over {result.runs} runs: {r0.get('runs_failed', 0)} failed, "
+        f"[bold]{title}[/] over {result.runs} runs: {r0.get('runs_failed', 0)} failed, "
         f"{r0.get('runs_healthy', 0)} healthy, {result.unknown_runs} unlabelled (left out)",
         highlight=False,
     )
+
+
+def backtest_report(result, budget: float, frontier, best_under_budget) -> None:
+    """The scores table, each sweep's frontier and best point within the budget, the predictors."""
+    out = _out()
+    _backtest_heading(out, "Backtest", result)
     table = Table(
         "rule",
         "params",
@@ -220,12 +224,7 @@ def backtest_summary(result) -> None:
     """The seed-style summary per rule, the rule x failure-kind matrix, the ensemble, and the
     plateau predictors with the evaluation schedules they drive."""
     out = _out()
-    s0 = result.rules[0] if result.rules else {}
-    out.print(
-        f"[bold]Backtest summary[/] over {result.runs} runs: {s0.get('runs_failed', 0)} failed, "
-        f"{s0.get('runs_healthy', 0)} healthy, {result.unknown_runs} unlabelled (left out)",
-        highlight=False,
-    )
+    _backtest_heading(out, "Backtest summary", result)
     table = Table(
         "rule",
         "eval",
