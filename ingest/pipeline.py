@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import stat
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -29,7 +28,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -812,29 +810,3 @@ def reread(w: StoreWriter, rows: list[dict], check_crc: bool = True) -> list[str
 def repair(store: Store, wait_s: float = 60.0):
     """`workbench check --repair`: the store's repair, re-reading damaged parts from their logs."""
     return store.repair(reread, wait_s=wait_s)
-
-
-def print_report(report: IngestReport, console: Console | None = None, max_problems: int = 20) -> None:
-    console = console or Console(stderr=True)
-    for path, p in report.problems[:max_problems]:
-        console.print(f"[yellow]problem[/] {escape(path)} @ {p.offset}: {escape(p.message)}", highlight=False)
-    if len(report.problems) > max_problems:
-        console.print(
-            f'... and {len(report.problems) - max_problems} more: workbench sql "SELECT * FROM problems"',
-            highlight=False,
-        )
-    for path, note in report.notes:
-        console.print(f"[dim]note[/] {escape(path)}: {escape(note)}", highlight=False)
-    for table, why in report.derive_errors.items():
-        console.print(
-            f"[yellow]problem[/] {table} not updated (the last one is kept): {escape(why)}", highlight=False
-        )
-    mb = report.bytes_read / 1e6
-    console.print(
-        f"ingested {len(report.runs)} runs: {report.files_read} files read, "
-        f"{report.files_unchanged} unchanged, {report.files_skipped} skipped (not logs); "
-        f"{report.points:,} points, {mb:,.1f} MB in {report.seconds:.2f}s; "
-        f"{len(report.problems)} problems",
-        highlight=False,
-    )
-    sys.stderr.flush()

@@ -6,13 +6,16 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import DATA
 
 from workbench.cli import main
+from workbench.render import NOTES_QUERY
 
 GEN = DATA / "generated"
+ROOT = Path(__file__).parent.parent
 
 
 def wb(*args, store, check=True, **kw):
@@ -164,3 +167,17 @@ def test_label_command_overrides_and_is_reported(tmp_path):
     assert rows.splitlines()[1] == "run_a,failed,120,loss_spike,manual"
     bad = wb("label", "nope", "--outcome", "failed", store=store, check=False)
     assert bad.returncode == 2 and "workbench runs" in bad.stderr
+
+
+def test_ingest_counts_notes_in_its_summary_and_lists_them_with_verbose(tmp_path):
+    """A DeepSpeed run without a batch size in any config makes the monitor reader assume one:
+    a note per CSV. The summary counts them and names the query; --verbose lists each."""
+    run = ROOT / "sample_runs" / "deepspeed_default_log_level"
+    quiet = wb("ingest", run, store=tmp_path / "a")
+    notes = wb("sql", NOTES_QUERY, "--format", "csv", store=tmp_path / "a").stdout.splitlines()[1:]
+    assert len(notes) == 8  # 7 monitor CSVs + the console whose steps are counted from timers
+    assert not [ln for ln in quiet.stderr.splitlines() if ln.startswith("note ")]
+    assert f"{len(notes)} notes (assumptions readers made)" in " ".join(quiet.stderr.split())
+    loud = wb("ingest", run, "--verbose", store=tmp_path / "b")
+    listed = [ln for ln in loud.stderr.splitlines() if ln.startswith("note ")]
+    assert len(listed) == len(notes)

@@ -129,8 +129,11 @@ def _executor(name, address):
     metavar="SECONDS",
     help="How long to wait for another ingest writing to the same store.",
 )
+@click.option(
+    "-v", "--verbose", is_flag=True, help="List every note (assumptions readers made), not just their count."
+)
 @_executor_options
-def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s, executor_name, address):
+def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s, verbose, executor_name, address):
     """Read every log under PATHS (folders, files, or object-storage URLs) into the store,
     incrementally.
 
@@ -149,8 +152,8 @@ def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s, executor_name
       workbench sql "SELECT * FROM problems"
     """
     from ingest.pipeline import ingest as run_ingest
-    from ingest.pipeline import print_report
     from ingest.source import as_urls, resolve
+    from workbench import render
 
     st = _store(store)
     paths, synced = resolve(list(paths), st.root)
@@ -166,7 +169,7 @@ def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s, executor_name
         executor=_executor(executor_name, address),
     )
     as_urls(report, synced)
-    print_report(report, err)
+    render.ingest_report(report, err, verbose=verbose)
     if report.log_files == 0:
         raise NotFoundError(
             f"no log files found under {', '.join(map(str, paths))}; check the path "

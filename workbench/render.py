@@ -428,3 +428,44 @@ def check_report(report) -> None:
         out.print("the store is whole" + (" again" if report.repaired else ""), highlight=False)
     elif not report.repaired and not report.refused:
         out.print(f"{len(report.damage)} damaged; repair with: workbench check --repair", highlight=False)
+
+
+# the query that lists what `ingest` folds into its summary's note count
+NOTES_QUERY = "SELECT path, note FROM files WHERE format IS NOT NULL AND note IS NOT NULL"
+
+
+def ingest_report(report, err: Console, verbose: bool = False, max_problems: int = 20) -> None:
+    """An ingest's problems, then its one-line summary, on stderr. Notes (assumptions a reader
+    made, such as a batch size or steps counted from timers) are counted in the summary, as pip
+    and cargo count warnings; `verbose` lists them."""
+    for path, p in report.problems[:max_problems]:
+        err.print(f"[yellow]problem[/] {escape(path)} @ {p.offset}: {escape(p.message)}", highlight=False)
+    if len(report.problems) > max_problems:
+        err.print(
+            f'... and {len(report.problems) - max_problems} more: workbench sql "SELECT * FROM problems"',
+            highlight=False,
+        )
+    if verbose:
+        for path, note in report.notes:
+            err.print(f"[dim]note[/] {escape(path)}: {escape(note)}", highlight=False)
+    for table, why in report.derive_errors.items():
+        err.print(
+            f"[yellow]problem[/] {table} not updated (the last one is kept): {escape(why)}", highlight=False
+        )
+    mb = report.bytes_read / 1e6
+    err.print(
+        f"ingested {len(report.runs)} runs: {report.files_read} files read, "
+        f"{report.files_unchanged} unchanged, {report.files_skipped} skipped (not logs); "
+        f"{report.points:,} points, {mb:,.1f} MB in {report.seconds:.2f}s; "
+        f"{len(report.problems)} problems",
+        highlight=False,
+    )
+    if report.notes and not verbose:
+        n = len(report.notes)
+        err.print(
+            f"{n} note{'s' if n != 1 else ''} (assumptions readers made): --verbose lists them, or "
+            f'workbench sql "{NOTES_QUERY}"',
+            highlight=False,
+            soft_wrap=True,
+        )
+    sys.stderr.flush()
