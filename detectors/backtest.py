@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from detectors.engine import ReplayError
 from detectors.kinds import ensemble, kind_rows, summary_rows
 from detectors.predictors import PREDICTOR_RULES, evaluate_predictors
 from detectors.replay import batches, default_rules, replay_batches, replay_on
@@ -52,6 +51,7 @@ from detectors.scoring import (  # noqa: F401 (the scoring API is used from here
     score,
     score_outcomes,
 )
+from detectors.series import ReplayError
 from detectors.tuning import folds_of, run_groups, tune_rule
 from workbench.store import Store
 

@@ -31,9 +31,9 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
-from detectors.engine import ReplayError, SeriesData
 from detectors.language import Name
 from detectors.rules import Rule
+from detectors.series import ReplayError, SeriesData
 from workbench.jit import njit
 
 

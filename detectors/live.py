@@ -33,18 +33,12 @@ import numpy as np
 import polars as pl
 
 from detectors import builtins as B
-from detectors.engine import (
-    SEEDED,
-    STREAK_STATE,
-    UNIT,
-    ReplayError,
-    SeriesData,
-    conditions,
-    fold_seed,
-    stream_alerts,
-)
+from detectors.compiler import conditions
 from detectors.language import Binary, Call, Name, Unary
 from detectors.rules import Rule
+from detectors.series import UNIT, ReplayError, SeriesData
+from detectors.streaks import STREAK_STATE, stream_alerts
+from detectors.windows import SEEDED, fold_seed
 from workbench.store import schema
 
 INF = math.inf

@@ -20,11 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from detectors.backtest import RULE_FIELDS, RunInfo, Settings, backtest, best_under_budget, frontier, score
-from detectors.engine import ALERT_SCHEMA
 from detectors.kinds import KIND_FIELDS, SUMMARY_FIELDS, ensemble, kind_rows, merge_alarms, summary_rows
 from detectors.predictors import EPS, W, fit_curve, forecast_plateau, schedule_scores
 from detectors.rules import Rule
 from detectors.scoring import fisher_greater, outcomes
+from detectors.streaks import ALERT_SCHEMA
 from detectors.tuning import TUNE_FIELDS, _Counts, folds_of, pick, run_groups, tune_rule
 from workbench.store import Store
 

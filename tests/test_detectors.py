@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from detectors import builtins as B
 from detectors.builtins import builtin_rules
-from detectors.engine import ReplayError, SeriesData, evaluate
+from detectors.engine import evaluate
 from detectors.replay import batches, replay_batches
 from detectors.rules import Rule
+from detectors.series import ReplayError, SeriesData
 from workbench.store import Store
 
 NAN, INF = float("nan"), float("inf")
@@ -114,7 +115,7 @@ def test_ema_delta_pct_change_slope_max_first():
     assert fired(Rule("t", "pct_change(g, 1) < -0.5"), d) == [("r", 5, 5, 5)]
     # slope per step, on irregular steps
     lin = data({"r": {"x": [(0, 0.0), (10, 1.0), (30, 3.0), (31, 3.1)]}})
-    frame, _, _ = __import__("detectors.engine", fromlist=["conditions"]).conditions(
+    frame, _, _ = __import__("detectors.compiler", fromlist=["conditions"]).conditions(
         Rule("t", "slope(x, 3) > 0.099"), lin
     )
     assert frame["cond"].to_list() == [False, False, True, True]

@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detectors import builtins as B
-from detectors.engine import SeriesData, evaluate
+from detectors.engine import evaluate
 from detectors.live import LiveEvaluator, context
 from detectors.rules import Rule
+from detectors.series import SeriesData
 
 RULES = [
     Rule("spike", "loss > mean(loss, 8) + 2 * std(loss, 8)", cooldown=4),
