@@ -9,8 +9,8 @@ import polars as pl
 from detectors import language
 from detectors.language import Binary, Call, Name, Num, Unary
 from detectors.rules import Rule
-from detectors.series import UNIT, ReplayError, SeriesData, _starts
-from detectors.windows import SEEDED, _leaf_values
+from detectors.series import UNIT, ReplayError, SeriesData, group_starts
+from detectors.windows import SEEDED, leaf_values
 
 
 def _compile(node, leaves: dict) -> pl.Expr:
@@ -73,7 +73,7 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
             ck = ("leaf", text_key)
             if ck not in data.cache:
                 seed = data.seeds.get(text_key) if node.fn in SEEDED else None
-                data.cache[ck] = s.with_columns(value=_leaf_values(node.fn, node.args[1].value, s, seed))
+                data.cache[ck] = s.with_columns(value=leaf_values(node.fn, node.args[1].value, s, seed))
             s = data.cache[ck]
         frames.append((col, name, s))
     missing = [_text(name) for _, name, s in frames if s.is_empty()]
@@ -116,6 +116,13 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
     return grid.select(*UNIT, "step", "cond", *[c for c, _, _ in frames]), texts, data.run_ids(rids)
 
 
+def rule_conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], list[str]]:
+    """`conditions` of any rule: compiled from its `when`, or computed by its code detector."""
+    if rule.when is None:
+        return rule.detector.conditions(data)
+    return conditions(rule, data)
+
+
 def _same_rows(a: pl.DataFrame, b: pl.DataFrame, keyed: bool = True) -> bool:
     """Both frames hold the same (rid, [key,] step) rows in the same order (a series without a
     glob lines up with a glob grid when each run has one matched tag)."""
@@ -140,7 +147,7 @@ def _grid(rule: Rule, data: SeriesData, frames: list, units: pl.DataFrame) -> pl
         first = next((s for n, s in series.values() if n.is_glob), next(iter(series.values()))[1])
         if all(_same_rows(first, s, keyed=n.is_glob) for n, s in series.values()):
             grid = first.select(*UNIT, "step")  # logged together: any one is the grid
-            if len(_starts(first["rid"], first["key"])) - 1 == units.height:
+            if len(group_starts(first["rid"], first["key"])) - 1 == units.height:
                 data.cache[ck] = grid  # every unit evaluable (units are a subset): sorted already
                 return grid
             grid = grid.join(units, on=UNIT, how="semi")

@@ -12,13 +12,17 @@ For each rule and each evaluation unit (a run, or a run and a tag when the rule 
    (rising edge), `step_fired` (where `for_steps` was reached), `step_end` (last true step).
    Alerts whose firing comes within `cooldown` steps of the previous alert's end merge into it.
 No Python loop touches individual steps.
+
+Where each step lives: the loaded points, `detectors/series.py`; the leaves and their window
+kernels, `detectors/windows.py`; the condition and its grid, `detectors/compiler.py`; the
+streaks, `detectors/streaks.py`, the code a live watch (`detectors/live.py`) runs too.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from detectors.compiler import conditions
+from detectors.compiler import rule_conditions
 from detectors.rules import Rule
 from detectors.series import SeriesData
 from detectors.streaks import alerts_from
@@ -27,8 +31,5 @@ from detectors.streaks import alerts_from
 def evaluate(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str]]:
     """Alerts of one rule (one parameter point) over the loaded runs, and the runs where it was
     evaluable. Raises ReplayError when it is evaluable nowhere."""
-    if rule.when is None:
-        frame, texts, runs_ok = rule.detector.conditions(data)
-    else:
-        frame, texts, runs_ok = conditions(rule, data)
+    frame, texts, runs_ok = rule_conditions(rule, data)
     return alerts_from(rule, frame, texts, data), runs_ok

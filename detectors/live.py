@@ -33,7 +33,7 @@ import numpy as np
 import polars as pl
 
 from detectors import builtins as B
-from detectors.compiler import conditions
+from detectors.compiler import rule_conditions
 from detectors.language import Binary, Call, Name, Unary
 from detectors.rules import Rule
 from detectors.series import UNIT, ReplayError, SeriesData
@@ -342,10 +342,7 @@ class LiveEvaluator:
     def _evaluate_rule(self, rule, data: _Recording, runs, now, update: Update, again: set[str]) -> None:
         data.reads, data.read_events = [], False
         try:
-            if rule.when is None:
-                frame, texts, ok = rule.detector.conditions(data)
-            else:
-                frame, texts, ok = conditions(rule, data)
+            frame, texts, ok = rule_conditions(rule, data)
         except ReplayError as e:
             frame, texts, ok = None, [], []
             self.not_evaluable[rule.id] = str(e)

@@ -282,7 +282,7 @@ class SeriesData:
         return f"metrics: {', '.join(metrics) or '-'}; tags: {shown or '-'}"
 
 
-def _starts(rid: pl.Series, key: pl.Series) -> np.ndarray:
+def group_starts(rid: pl.Series, key: pl.Series) -> np.ndarray:
     """Row offsets where each (rid, key) group starts in a frame sorted by them, plus the end."""
     r, k = rid.to_numpy(), key.to_numpy()
     change = np.r_[True, (r[1:] != r[:-1]) | (k[1:] != k[:-1])] if len(r) else np.zeros(0, bool)

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from detectors.rules import Rule
-from detectors.series import SeriesData, _starts
+from detectors.series import SeriesData, group_starts
 from workbench.jit import njit
 from workbench.store import schema
 
@@ -95,7 +95,7 @@ def stream_alerts(
     extended = pl.DataFrame(schema={"rid": pl.Int32, "key": pl.Int32, "step_end": pl.Int64})
     if frame.is_empty():
         return pl.DataFrame(schema=ALERT_SCHEMA), extended
-    starts = _starts(frame["rid"], frame["key"])
+    starts = group_starts(frame["rid"], frame["key"])
     steps = frame["step"].to_numpy()
     group, start, fired, end = _streak_alerts(
         starts,
@@ -160,5 +160,5 @@ def stream_alerts(
 
 def alerts_from(rule: Rule, frame: pl.DataFrame, texts: list[str], data: SeriesData) -> pl.DataFrame:
     """Streaks of true steps -> alert intervals (frame sorted by rid, key, step)."""
-    units = len(_starts(frame["rid"], frame["key"])) - 1
+    units = len(group_starts(frame["rid"], frame["key"])) - 1
     return stream_alerts(rule, frame, texts, data, zero_state(units))[0]

@@ -1,5 +1,11 @@
 """Leaves: window functions of one series (delta, pct_change, mean, std, min, max, slope, ema,
 max_first) computed on its own logged points, and the numba kernels behind them.
+
+Every leaf value is a function of a bounded stretch of its series' past points (the window),
+or of a small state carried from the points before (ema, max_first: their seeds). So a live watch
+that keeps the last points of each series and those states computes the very numbers a
+replay over the whole run computes (detectors.live); the window kernels therefore recompute
+each window instead of sliding a running sum whose rounding depends on all earlier points.
 """
 
 from __future__ import annotations
@@ -7,20 +13,14 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from detectors.series import UNIT, ReplayError, _starts
+from detectors.series import UNIT, ReplayError, group_starts
 from workbench.jit import njit
 
-# ---- leaves: series computed on their own logged points -------------------------------------
-# Every leaf value is a function of a bounded stretch of its series' past points (the window),
-# or of a small state carried from the points before (ema, max_first: their seeds). So a live watch
-# that keeps the last points of each series and those states computes the very numbers a
-# replay over the whole run computes (detectors.live); the window kernels therefore recompute
-# each window instead of sliding a running sum whose rounding depends on all earlier points.
 WINDOW_STATS = {"mean": 0, "std": 1, "min": 2, "max": 3}
 SEEDED = ("ema", "max_first")  # leaves carrying state from every earlier point
 
 
-def _leaf_values(fn: str, n: float, s: pl.DataFrame, seed: pl.DataFrame | None = None) -> pl.Series:
+def leaf_values(fn: str, n: float, s: pl.DataFrame, seed: pl.DataFrame | None = None) -> pl.Series:
     """One leaf over a series frame (rid, key, step, value sorted); `seed` (rid, key, s0, s1) is
     the state of a seeded leaf before each unit's first row (none: the unit starts here)."""
     v = pl.col("value")
@@ -33,7 +33,7 @@ def _leaf_values(fn: str, n: float, s: pl.DataFrame, seed: pl.DataFrame | None =
         raise ReplayError(f"ema(x, w): the smoothing weight must be in [0, 1), got {n}")
     if fn not in WINDOW_STATS and fn not in SEEDED and fn != "slope":
         raise ReplayError(f"{fn}() needs a metric as its first argument")
-    starts = _starts(s["rid"], s["key"])
+    starts = group_starts(s["rid"], s["key"])
     x = s["value"].to_numpy().astype(np.float64)
     if fn == "slope":
         out = _rolling_slope(starts, s["step"].to_numpy().astype(np.float64), x, k)
@@ -65,7 +65,7 @@ def fold_seed(fn: str, n: float, s: pl.DataFrame, seed: pl.DataFrame | None) -> 
     s0, s1 = _seed_arrays(s, seed)
     kernel = _ema if fn == "ema" else _max_first
     _, _, e0, e1 = kernel(
-        _starts(s["rid"], s["key"]), s["value"].to_numpy().astype(np.float64), float(n), s0, s1
+        group_starts(s["rid"], s["key"]), s["value"].to_numpy().astype(np.float64), float(n), s0, s1
     )
     return s.select(UNIT).unique(maintain_order=True).with_columns(s0=pl.Series(e0), s1=pl.Series(e1))
 
