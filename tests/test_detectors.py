@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from detectors import builtins as B
 from detectors.builtins import builtin_rules
+from detectors.builtins.base import lr_warmup_end
 from detectors.engine import evaluate
 from detectors.replay import batches, replay_batches
 from detectors.rules import Rule
@@ -301,7 +302,7 @@ def test_lr_warmup_end_is_the_first_lr_not_above_the_largest_before():
             "no_lr": {"loss": [1, 2]},
         }
     )
-    ends = {d.run_name[rid]: end for rid, end in B.lr_warmup_end(d).iter_rows()}
+    ends = {d.run_name[rid]: end for rid, end in lr_warmup_end(d).iter_rows()}
     assert ends == {"warm": 3, "flat": 1, "rising": None, "once": 5}
 
 
