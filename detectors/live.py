@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from detectors import builtins as B
+from detectors.builtins.gradients import ClipSaturation, GradientFlow
+from detectors.builtins.nonfinite import LossScaleCollapse
 from detectors.compiler import rule_conditions
 from detectors.language import Binary, Call, Name, Unary
 from detectors.rules import Rule
@@ -74,11 +75,11 @@ def event_context(rule: Rule) -> int | None:
 
 def _code_context(d) -> tuple[int | None, int | None]:
     """(points, event steps) for the built-ins computed in code whose state is bounded."""
-    if isinstance(d, B.GradientFlow):
+    if isinstance(d, GradientFlow):
         return 1, 0
-    if isinstance(d, B.ClipSaturation):
+    if isinstance(d, ClipSaturation):
         return d.window + 1, 0
-    if isinstance(d, B.LossScaleCollapse):
+    if isinstance(d, LossScaleCollapse):
         return 0, d.window + 1
     return None, None  # Plateau (best so far), spikes whose baseline skips flagged points, ...
 

@@ -1,10 +1,12 @@
 """Built-in detectors: one small class each, explicit keyword parameters, defaults from the
 public trainers and monitors each docstring names. Each docstring says which failure kinds the
-detector targets and its known false positives, with the backtest's figures at the shipped
-defaults (`workbench backtest --summary`): "corpus" is the evaluation corpus of
-`python sample_runs/generate.py --corpus` (31 failed runs over 12 kinds and 19 healthy runs of
-the plain PyTorch loop, MoE included, the HF Trainer and DeepSpeed fp16; both halves), "samples"
-is sample_runs/ (10 failed, 10 healthy). A/B counts runs the detector could be evaluated on.
+detector targets and, in words, its known false positives; the measured figures are the
+backtest's (`workbench backtest --summary`), not the docstrings'.
+
+A new built-in: a frozen dataclass subclassing `Detector` (base.py) in the module of its
+section (nonfinite, loss, gradients, patterns, plateaus, memory, moe), with a `when` text in
+the rule language or `conditions(data)` in code, a `grid` for `--tune`; then one line in
+`BUILTINS` below.
 
 Detectors that know training:
 - fp16 dynamic loss scaling: a NaN/Inf gradient norm on a step the loss scaler skipped is
@@ -25,50 +27,37 @@ cond, _l0.., leaf texts, evaluable runs).
 
 from __future__ import annotations
 
+from detectors.builtins import gradients, loss, memory, moe, nonfinite, patterns, plateaus
 from detectors.builtins.base import Detector
-from detectors.builtins.gradients import ClipSaturation, EmaGradSpike, GradientFlow, VanishingGradients
-from detectors.builtins.loss import (
-    LlmFoundrySpike,
-    LossDivergence,
-    MegatronSpike,
-    OlmoSpike,
-    SigmaDrop,
-    SigmaSpike,
-)
-from detectors.builtins.memory import MemoryGrowth, MemoryPressure
-from detectors.builtins.moe import BalanceLossShare, MoeImbalance
-from detectors.builtins.nonfinite import LossScaleCollapse, NonFinite, NonFiniteGradNorm
-from detectors.builtins.patterns import PatternP1, PatternP2, PatternP3, PatternP4
-from detectors.builtins.plateaus import LrCollapse, OverfitGap, Overfitting, Plateau
 from detectors.rules import Rule
 
-# ---- the registry (one line per detector) --------------------------------------------------------
+# The registry: one line per detector, in the order reports list them.
 BUILTINS: list[Detector] = [
-    NonFinite(),
-    NonFiniteGradNorm(),
-    LossScaleCollapse(),
-    SigmaSpike(),
-    SigmaDrop(),
-    OlmoSpike(),
-    LossDivergence(),
-    LlmFoundrySpike(),
-    MegatronSpike(),
-    EmaGradSpike(),
-    VanishingGradients(),
-    GradientFlow(),
-    ClipSaturation(),
-    PatternP1(),
-    PatternP2(),
-    PatternP3(),
-    PatternP4(),
-    Plateau(),
-    LrCollapse(),
-    Overfitting(),
-    OverfitGap(),
-    MemoryPressure(),
-    MemoryGrowth(),
-    MoeImbalance(),
-    BalanceLossShare(),
+    nonfinite.NonFinite(),
+    nonfinite.NonFiniteGradNorm(),
+    nonfinite.LossScaleCollapse(),
+    loss.SigmaSpike(),
+    loss.SigmaDrop(),
+    loss.OlmoSpike(),
+    loss.LossDivergence(),
+    loss.LlmFoundrySpike(),
+    loss.MegatronSpike(),
+    gradients.EmaGradSpike(),
+    gradients.VanishingGradients(),
+    gradients.GradientFlow(),
+    gradients.ClipSaturation(),
+    patterns.PatternP1(),
+    patterns.PatternP2(),
+    patterns.PatternP3(),
+    patterns.PatternP4(),
+    plateaus.Plateau(),
+    plateaus.LrCollapse(),
+    plateaus.Overfitting(),
+    plateaus.OverfitGap(),
+    memory.MemoryPressure(),
+    memory.MemoryGrowth(),
+    moe.MoeImbalance(),
+    moe.BalanceLossShare(),
 ]
 
 

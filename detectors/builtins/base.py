@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
-import numpy as np
 import polars as pl
 
 from detectors.language import Name
@@ -57,17 +56,17 @@ class Detector:
         )
 
 
-_FRAME = {"rid": pl.Int32, "key": pl.Int32, "step": pl.Int64, "cond": pl.Boolean, "_l0": pl.Float64}
+FRAME = {"rid": pl.Int32, "key": pl.Int32, "step": pl.Int64, "cond": pl.Boolean, "_l0": pl.Float64}
 
 
-def _series_or_fail(data: SeriesData, metric: str, rule_id: str) -> pl.DataFrame:
+def series_or_fail(data: SeriesData, metric: str, rule_id: str) -> pl.DataFrame:
     s = data.series(Name(metric, False, 0))
     if s.is_empty():
         raise ReplayError(f"{rule_id}: {metric} found in no selected run; available {data.available()}")
     return s
 
 
-def _first_series(data: SeriesData, names: tuple[str, ...], rule_id: str) -> pl.DataFrame:
+def first_series(data: SeriesData, names: tuple[str, ...], rule_id: str) -> pl.DataFrame:
     """Per run, the series of the first of `names` it logs: a canonical metric or tag, or a tag
     glob (`*`, one evaluation per matching tag)."""
     parts, seen = [], set()
@@ -84,12 +83,6 @@ def _first_series(data: SeriesData, names: tuple[str, ...], rule_id: str) -> pl.
     return pl.concat(parts).sort("rid", "key", "step")
 
 
-def _group_starts(s: pl.DataFrame) -> np.ndarray:
-    """Row offsets where each (rid, key) group starts in a frame sorted by rid, key, step, plus the end."""
-    change = (s["rid"].diff().fill_null(1) != 0) | (s["key"].diff().fill_null(1) != 0)
-    return np.r_[np.flatnonzero(change.to_numpy()), len(s)].astype(np.int64)
-
-
 def lr_warmup_end(data: SeriesData) -> pl.DataFrame:
     """(rid, warm_end): per run that logs a learning rate, the first step whose lr is not above
     the largest logged before it (the warm-up is over); null while the lr keeps rising. A run
@@ -104,7 +97,7 @@ def lr_warmup_end(data: SeriesData) -> pl.DataFrame:
     return ends.select("rid", warm_end=pl.when(pl.col("n") == 1).then("first").otherwise("end"))
 
 
-def _after_warmup(frame: pl.DataFrame, data: SeriesData) -> pl.DataFrame:
+def after_warmup(frame: pl.DataFrame, data: SeriesData) -> pl.DataFrame:
     """`cond` kept only at steps after the run's lr warm-up (runs without a logged lr: all)."""
     ends = lr_warmup_end(data)
     j = frame.join(ends, on="rid", how="left")
@@ -113,7 +106,7 @@ def _after_warmup(frame: pl.DataFrame, data: SeriesData) -> pl.DataFrame:
     return j.with_columns(cond=pl.col("cond") & gate).drop("warm_end")
 
 
-def _finite_or_null(col: str = "value") -> pl.Expr:
+def finite_or_null(col: str = "value") -> pl.Expr:
     """NaN and Inf as null: window statistics then skip them (an fp16 skip must not poison a baseline)."""
     v = pl.col(col)
     return pl.when(v.is_finite()).then(v)

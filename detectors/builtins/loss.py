@@ -7,12 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from detectors.builtins.base import (
-    Detector,
-    _after_warmup,
-    _group_starts,
-    _series_or_fail,
-)
+from detectors.builtins.base import Detector, after_warmup, series_or_fail
+from detectors.series import group_starts
 from workbench.jit import njit
 
 
@@ -45,16 +41,16 @@ def _sigma_flags(starts, values, window, k, sign, exclude):
 
 
 def _sigma_frame(data, metric, window, k, sign, exclude, rule_id):
-    s = _series_or_fail(data, metric, rule_id)
+    s = series_or_fail(data, metric, rule_id)
     flags = _sigma_flags(
-        _group_starts(s),
+        group_starts(s["rid"], s["key"]),
         s["value"].to_numpy().astype(np.float64),
         int(window),
         float(k),
         float(sign),
         exclude,
     )
-    frame = _after_warmup(s.select("rid", "key", "step", cond=pl.Series(flags), _l0="value"), data)
+    frame = after_warmup(s.select("rid", "key", "step", cond=pl.Series(flags), _l0="value"), data)
     return frame, [metric], data.run_ids(s["rid"].unique().to_list())
 
 
@@ -67,11 +63,9 @@ class SigmaSpike(Detector):
     out of the baseline, as metaseq and Lightning do; off in OLMo and llm-foundry). Anchors:
     OLMo-core StabilityMonitor (128, 6σ); the guides' SPIKE (100, 3σ). Defaults 50, 5σ: a
     100-step window still holds the early fall of the loss, whose σ hides a spike, and 3σ trips
-    on noise (the largest healthy excursion in the corpus and samples is 4.1σ over 50 steps).
-    Targets loss_spike 3/3, loss_spike_unrecovered 2/2 and the sudden rises of
-    attention_collapse, dead_ffn, divergence_nan, memory_blowup (2/2 each; corpus). Healthy
-    runs: 0/19 corpus, 0/10 samples; the guides' 3σ/100 fired on 1/19 and 3/10 and caught 1/3
-    recovered spikes.
+    on healthy noise. Targets loss_spike, loss_spike_unrecovered and the sudden rises of
+    attention_collapse, dead_ffn, divergence_nan, memory_blowup. Known false positives: the
+    guides' 3σ over 100 steps fires on healthy runs and misses most spikes that recover.
     """
 
     metric: str = "loss"
@@ -93,9 +87,9 @@ class SigmaDrop(SigmaSpike):
     steps, after warm-up: a sudden, lasting drop (a data leak, a reset, a logging bug).
 
     The guides' DROP (2σ over 100 steps, one step) fires on a loss that is still falling and on
-    plain noise (a one-sided 2σ test trips about once in 44 steps): 14/19 healthy corpus runs,
-    7/10 samples. At 4σ held for 5 steps: 0/19 and 0/10. Target: data leaks and resets, a kind
-    neither corpus holds, so its recall is unmeasured.
+    plain noise (a one-sided 2σ test trips about once in 44 steps): on most healthy runs. Held
+    at 4σ for 5 steps it stays quiet there. Target: data leaks and resets, a kind the
+    evaluation runs do not hold, so its recall is unmeasured.
     """
 
     k: float = 4.0
@@ -112,9 +106,8 @@ class SigmaDrop(SigmaSpike):
 class OlmoSpike(SigmaSpike):
     """OLMo-core StabilityMonitor: metric > mean + 6σ of the last 128 values (after warm-up).
 
-    Targets the large spikes: divergence_nan 2/2, loss_spike_unrecovered 2/2, 1 of 2 or 3 of
-    the collapses and recovered spikes (corpus); the 128-value window makes it quiet in the
-    first 128 steps. Healthy runs: 0/19 corpus, 0/10 samples.
+    Targets the large spikes: divergence_nan, loss_spike_unrecovered, and some of the collapses
+    and recovered spikes; the 128-value window makes it quiet in the first 128 steps.
     """
 
     window: int = 128
@@ -151,9 +144,9 @@ class LossDivergence(Detector):
     a slow divergence, alarms `for_steps` steps after the EMA crossed (late by design: the
     alarm says "this will not come back on its own"). Anchors: runmedic's divergence check,
     Lightning EarlyStopping `divergence_threshold`. Targets loss_spike_unrecovered,
-    attention_collapse, dead_ffn, memory_blowup, divergence_nan: 2/2 each (corpus), recovered
-    spikes 0/3. Healthy runs: 0/19 corpus, 0/10 samples. At 10 % and 30 steps it also fired on
-    2/3 recovered spikes; below a 3 % rise, healthy noise trips it.
+    attention_collapse, dead_ffn, memory_blowup, divergence_nan; recovered spikes stay quiet.
+    Known false positives: a smaller rise held for fewer steps also fires on spikes that
+    recover, and a rise of a few percent trips on healthy noise.
     """
 
     metric: str = "loss"
@@ -165,12 +158,14 @@ class LossDivergence(Detector):
     grid = {"rise": [0.05, 0.1, 0.2, 0.3], "for_steps": [10, 20, 30, 50]}
 
     def conditions(self, data):
-        s = _series_or_fail(data, self.metric, self.id)
-        e, best = _ema_best(_group_starts(s), s["value"].to_numpy().astype(np.float64), float(self.weight))
+        s = series_or_fail(data, self.metric, self.id)
+        e, best = _ema_best(
+            group_starts(s["rid"], s["key"]), s["value"].to_numpy().astype(np.float64), float(self.weight)
+        )
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # inf: a rise past any bound
             ratio = e / best - 1.0
         frame = s.select("rid", "key", "step", cond=pl.Series(ratio > self.rise), _l0=pl.Series(ratio))
-        frame = _after_warmup(frame, data)
+        frame = after_warmup(frame, data)
         return frame, ["EMA rise over its best"], data.run_ids(s["rid"].unique().to_list())
 
 
@@ -180,8 +175,8 @@ class LlmFoundrySpike(Detector):
     `patience` consecutive steps. Defaults window 100, ratio 2, patience 4 (fires on the 5th).
 
     Targets losses that double and stay: loss_spike_unrecovered, attention_collapse,
-    memory_blowup, divergence_nan 2/2 each, dead_ffn 1/2 (corpus); a spike that recovers within
-    5 steps is missed by design (recovered spikes 0/3). Healthy runs: 0/19 corpus, 0/10 samples.
+    memory_blowup, divergence_nan, some dead_ffn; a spike that recovers within 5 steps is
+    missed by design.
     """
 
     metric: str = "loss"
@@ -201,10 +196,10 @@ class MegatronSpike(Detector):
     """Megatron is_unexpectedly_large: |x| ≥ factor × max of the first `baseline` finite values,
     for finite x (Megatron checks NaN/Inf separately). Defaults factor 10, baseline 100.
 
-    Targets exploding gradients: dead_ffn, divergence_nan, loss_spike_unrecovered 2/2 each,
-    fp16_overflow 1/3 (corpus). Misses slow drifts and anything within 10x of the first steps,
-    by design. Healthy runs: 0/19 corpus, 0/9 samples; counting an fp16 skip's Inf as large, it
-    fired on every healthy DeepSpeed run (3/9 samples).
+    Targets exploding gradients: dead_ffn, divergence_nan, loss_spike_unrecovered, some
+    fp16_overflow. Misses slow drifts and anything within 10x of the first steps, by design.
+    Counting an fp16 skip's Inf as large would fire on every healthy DeepSpeed fp16 run (hence
+    finite x only).
     """
 
     metric: str = "grad_norm"

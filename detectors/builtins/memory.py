@@ -6,10 +6,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from detectors.builtins.base import (
-    Detector,
-    _first_series,
-)
+from detectors.builtins.base import Detector, first_series
 from detectors.series import ReplayError
 
 
@@ -20,8 +17,8 @@ class MemoryPressure(Detector):
     a run that logs no percentage but reserved (or process) memory and the total (torch.cuda
     memory stats, nvidia-smi's memory.used/memory.total) gets it derived.
 
-    Targets memory_leak, shortly before the OOM kill: 2/2 corpus (about 50 steps after the
-    onset). Healthy: 0/1 (only one healthy corpus run logs a budget).
+    Targets memory_leak, shortly before the OOM kill. Few healthy runs log a budget, so its
+    false positives are barely measured.
     """
 
     percent: float = 90.0
@@ -31,10 +28,10 @@ class MemoryPressure(Detector):
 
     def conditions(self, data):
         try:
-            s = _first_series(data, self.metrics, self.id)
+            s = first_series(data, self.metrics, self.id)
         except ReplayError:  # no percentage logged: reserved (or used) memory against the total
-            used = _first_series(data, ("memory_reserved_gb", "memory_gb"), self.id)
-            total = _first_series(data, ("memory_total_gb",), self.id).select("rid", "step", total="value")
+            used = first_series(data, ("memory_reserved_gb", "memory_gb"), self.id)
+            total = first_series(data, ("memory_total_gb",), self.id).select("rid", "step", total="value")
             s = used.join_asof(total.sort("rid", "step"), on="step", by="rid", check_sortedness=False)
             s = (
                 s.drop_nulls("total")
@@ -53,9 +50,8 @@ class MemoryGrowth(Detector):
     `for_steps` steps (runmedic memory_growth, SageMaker GPUMemoryIncrease): a leak or a sudden
     allocation. Quiet while the window fills, when allocators and optimizer states settle.
 
-    Targets memory_leak 2/2 (about 10 steps after the onset, long before the OOM) and
-    memory_blowup 2/2 (corpus). Healthy: 0/15 corpus, 0/7 samples; at 10 %, 1/15 (MoE runs'
-    memory drifts up by about that).
+    Targets memory_leak (soon after the onset, long before the OOM) and memory_blowup. Known
+    false positives: MoE runs' memory drifts up slowly, so a small `growth` fires on them.
     """
 
     growth: float = 0.3

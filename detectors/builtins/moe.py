@@ -6,10 +6,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from detectors.builtins.base import (
-    Detector,
-    _first_series,
-)
+from detectors.builtins.base import Detector, first_series
 from detectors.language import Name
 from detectors.series import ReplayError, SeriesData
 
@@ -42,8 +39,8 @@ class MoeImbalance(Detector):
     """MoE router imbalance: max / mean expert load > `ratio` (5) in any layer, for `for_steps`
     steps; the layer's `...max_load` and `...mean_load` tags (OLMo-core moe_handler style).
 
-    Targets router_collapse: 3/3 corpus, 15-45 steps after the onset. Healthy MoE runs (top-1
-    and top-2, 8 and 16 experts): 0/4; at 2, 3/4 (top-1 routing runs near 2).
+    Targets router_collapse, some steps after the onset. Known false positives: top-1 routing
+    runs near a ratio of 2, so a low ratio fires on healthy MoE runs.
     """
 
     ratio: float = 5.0
@@ -69,9 +66,9 @@ class BalanceLossShare(Detector):
     auxiliary loss drives the training instead of the language model. Tags `...balance_loss` (or
     `...load balancing loss`) and `...total_loss` (else the canonical loss).
 
-    Targets balance_loss_dominates: 3/3 corpus, within 5 steps. A negative coefficient (a
-    router_collapse cause) makes the balance loss dominate as well: 2/3. Healthy MoE runs: 0/4
-    (their share is 1-4 %).
+    Targets balance_loss_dominates, within a few steps. A negative coefficient (a
+    router_collapse cause) makes the balance loss dominate as well. In healthy MoE runs the
+    share is a few percent.
     """
 
     share: float = 0.3
@@ -80,8 +77,8 @@ class BalanceLossShare(Detector):
     grid = {"share": [0.1, 0.2, 0.3, 0.5]}
 
     def conditions(self, data):
-        bal = _first_series(data, ("*balance_loss", "*load balancing loss"), self.id)
-        total = _first_series(data, ("*total_loss", "loss"), self.id)
+        bal = first_series(data, ("*balance_loss", "*load balancing loss"), self.id)
+        total = first_series(data, ("*total_loss", "loss"), self.id)
         j = bal.join(total.select("rid", "step", total="value").unique(["rid", "step"]), on=["rid", "step"])
         share = pl.col("value") / pl.col("total")
         frame = j.sort("rid", "key", "step").select(

@@ -6,11 +6,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from detectors.builtins.base import (
-    _FRAME,
-    Detector,
-    _series_or_fail,
-)
+from detectors.builtins.base import FRAME, Detector, series_or_fail
 from detectors.language import Name
 
 
@@ -18,9 +14,9 @@ from detectors.language import Name
 class NonFinite(Detector):
     """NaN or ±Inf in `metric` (Lightning check_finite, Megatron, OLMo NaNChecker).
 
-    Targets divergence_nan and fp16_overflow, which a NaN loss ends: corpus 2/2 and 3/3, at the
-    onset. Healthy runs: 0/19 corpus, 0/10 samples. The HF Trainer's NaN filter hides a NaN loss
-    (divergence_nan_filtered): non_finite_grad_norm catches that one.
+    Targets divergence_nan and fp16_overflow, which a NaN loss ends, at the onset. The HF
+    Trainer's NaN filter hides a NaN loss (divergence_nan_filtered): non_finite_grad_norm
+    catches that one.
     """
 
     metric: str = "loss"
@@ -43,9 +39,9 @@ class NonFiniteGradNorm(Detector):
     skips twice at one scale). There it alarms only for `consecutive` non-finite norms in a row
     (a storm) or once the loss scale is at `min_scale` (DeepSpeed's common floor 1; fairseq
     1e-4) or DeepSpeed exits at its minimum; elsewhere any non-finite norm alarms.
-    Targets divergence_nan 2/2, fp16_overflow 3/3 (corpus), divergence_nan_filtered 1/1
-    (samples). Healthy runs: 0/19 corpus, 0/9 samples; a plain non-finite check fired on every
-    healthy DeepSpeed fp16 run (4/19 corpus, 3/9 samples), and 2 in a row still on 2/19.
+    Targets divergence_nan, fp16_overflow and divergence_nan_filtered. Known false positives: a
+    plain non-finite check fires on every healthy DeepSpeed fp16 run, and 2 in a row still on
+    some.
     """
 
     metric: str = "grad_norm"
@@ -56,7 +52,7 @@ class NonFiniteGradNorm(Detector):
     grid = {"consecutive": [2, 3, 5, 8]}
 
     def conditions(self, data):
-        s = _series_or_fail(data, self.metric, self.id)
+        s = series_or_fail(data, self.metric, self.id)
         bad = ~pl.col("value").is_finite()
         g = s.with_columns(gap=(~bad).cum_sum().over("rid", "key"))
         g = g.with_columns(streak=bad.cast(pl.Int64).cum_sum().over("rid", "key", "gap"))
@@ -87,8 +83,8 @@ class LossScaleCollapse(Detector):
     notices within `window` steps, or the minimum-loss-scale exit. Hysteresis notices count
     (each skips a step). Defaults 5 in 50 steps.
 
-    Targets fp16_overflow: 3/3 corpus, 1/1 samples. Healthy fp16 runs overflow now and then as
-    the scaler probes a larger scale: 0/19 healthy at 5 in 50, 1/19 at 3 in 50.
+    Targets fp16_overflow. Known false positives: healthy fp16 runs overflow now and then as
+    the scaler probes a larger scale, so a lower count (3 in 50) fires on some of them.
     """
 
     overflows: int = 5
@@ -106,7 +102,7 @@ class LossScaleCollapse(Detector):
             .with_columns(one=pl.lit(1.0))
         )
         if ev.is_empty():
-            return pl.DataFrame(schema=_FRAME), ["overflows in window"], sorted(data.runs)
+            return pl.DataFrame(schema=FRAME), ["overflows in window"], sorted(data.runs)
         counts = ev.rolling(index_column="step", period=f"{self.window}i", group_by="rid").agg(
             n=pl.col("one").sum(), fatal=(pl.col("kind") == "min_loss_scale").any()
         )

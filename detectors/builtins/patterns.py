@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from detectors.builtins.base import (
-    Detector,
-)
+from detectors.builtins.base import Detector
 
 
 @dataclass(frozen=True)
 class PatternP1(Detector):
     """The guides' P1: grad_norm < 1e-5 and attention entropy < 0.3 for 5 steps (attention
-    collapse with vanishing gradients). Targets attention_collapse: 2/2 corpus, 1/1 samples,
-    but late (about 50 steps after the onset: the gradients take that long to fall below 1e-5;
-    vanishing_gradients sees it within 10). Healthy: 0/15 corpus, 0/7 samples. Converged easy
-    tasks also have peaked attention."""
+    collapse with vanishing gradients). Targets attention_collapse, but late (the gradients
+    take long to fall below 1e-5; vanishing_gradients sees it sooner). Converged easy tasks
+    also have peaked attention."""
 
     grad_threshold: float = 1e-5
     entropy_threshold: float = 0.3
@@ -32,8 +29,7 @@ class PatternP1(Detector):
 class PatternP2(Detector):
     """The guides' P2: FFN input std < 0.005 and LayerNorm input std < 0.05 for 5 steps (dead
     or saturated FFN: every token reaches the FFN as the same vector). Per layer (glob).
-    Targets dead_ffn: 2/2 corpus, 1/1 samples, about 40 steps after the onset (the stds decay
-    slowly). Healthy: 0/15 corpus, 0/7 samples."""
+    Targets dead_ffn, some steps after the onset (the stds decay slowly)."""
 
     ffn_threshold: float = 0.005
     ln_threshold: float = 0.05
@@ -49,9 +45,9 @@ class PatternP2(Detector):
 @dataclass(frozen=True)
 class PatternP3(Detector):
     """The guides' P3: train loss falling while the eval metric moves < 0.001, for 10 evals
-    (evaluated at eval steps). Targets overfitting with a flat eval metric, a kind neither corpus
-    holds (their overfitting runs' eval loss rises: 0/4); early in training, evals that barely
-    move are normal. Healthy: 0/15 corpus, 0/7 samples."""
+    (evaluated at eval steps). Targets overfitting with a flat eval metric, a kind the
+    evaluation runs do not hold (their overfitting runs' eval loss rises); early in training,
+    evals that barely move are normal."""
 
     eval_metric: str = "eval_loss"
     min_move: float = 0.001
@@ -70,10 +66,10 @@ class PatternP3(Detector):
 @dataclass(frozen=True)
 class PatternP4(Detector):
     """The guides' P4: memory more than 3 GB above its minimum of the last `window` values while
-    grad_norm < 1e-3 (a leak while training stalls). Metric `memory_gb` (the process memory; accelerator memory is `memory_allocated_gb`).
-    Targets memory_blowup: 2/2 corpus, 1/1 samples, about 25 steps after the jump (the gradients
-    must fall first). A leak without vanishing gradients (memory_leak) is not its case: 0/2.
-    Healthy: 0/15 corpus, 0/7 samples."""
+    grad_norm < 1e-3 (a leak while training stalls). Metric `memory_gb` (the process memory;
+    accelerator memory is `memory_allocated_gb`). Targets memory_blowup, some steps after the
+    jump (the gradients must fall first). A leak without vanishing gradients (memory_leak) is
+    not its case."""
 
     jump_gb: float = 3.0
     window: int = 50

@@ -7,11 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from detectors.builtins.base import (
-    Detector,
-    _group_starts,
-    _series_or_fail,
-)
+from detectors.builtins.base import Detector, series_or_fail
+from detectors.series import group_starts
 from workbench.jit import njit
 
 
@@ -42,9 +39,9 @@ class Plateau(Detector):
     less often than epochs end). On a noisy per-step train loss raise the patience or it fires
     between lucky batches.
 
-    Targets overfitting (the eval loss stops improving): 4/4 corpus. Healthy: 0/15 corpus, 0/7
-    samples, but these healthy runs are short and still improving at their end: a converged
-    healthy run plateaus too, a signal to act on (lower the lr, stop), not a failure by itself.
+    Targets overfitting (the eval loss stops improving). A converged healthy run plateaus too,
+    a signal to act on (lower the lr, stop), not a failure by itself; the healthy evaluation
+    runs are short and still improving at their end, so that is barely measured.
     """
 
     metric: str = "eval_loss"
@@ -56,9 +53,9 @@ class Plateau(Detector):
     grid = {"patience": [3, 5, 10, 20]}
 
     def conditions(self, data):
-        s = _series_or_fail(data, self.metric, self.id)
+        s = series_or_fail(data, self.metric, self.id)
         bad = _plateau_counter(
-            _group_starts(s),
+            group_starts(s["rid"], s["key"]),
             s["value"].to_numpy().astype(np.float64),
             float(self.threshold),
             bool(self.relative),
@@ -73,10 +70,9 @@ class LrCollapse(Detector):
     a scheduler that decays far too fast stalls the run on a plateau high above where it would
     have gone.
 
-    Targets plateau caused by the schedule: 3/3 corpus, 1/1 samples. It also fires after an lr
-    burst, which sets the peak (loss_spike 2/3). Schedules that anneal towards zero cross the
-    line near their end: healthy runs 0/19 corpus and 0/10 samples at 2 % and 10 steps (a linear
-    decay to 0 stays quiet), but 4/19 at 10 %.
+    Targets plateau caused by the schedule. It also fires after an lr burst, which sets the
+    peak. Schedules that anneal towards zero cross the line near their end: at 2 % and 10
+    steps a linear decay to 0 stays quiet, at 10 % some healthy runs fire.
     """
 
     fraction: float = 0.02
@@ -86,7 +82,7 @@ class LrCollapse(Detector):
     grid = {"fraction": [0.005, 0.01, 0.02, 0.05], "for_steps": [5, 10, 20]}
 
     def conditions(self, data):
-        s = _series_or_fail(data, "lr", self.id)
+        s = series_or_fail(data, "lr", self.id)
         peak = pl.col("value").cum_max().over("rid", "key")
         frame = s.select(
             "rid",
@@ -101,9 +97,8 @@ class LrCollapse(Detector):
 @dataclass(frozen=True)
 class Overfitting(Detector):
     """Eval loss rising for `evals` consecutive evaluations while train loss still falls
-    (losslint / UMLAUT / AUTOTRAINER style). Evaluated at eval steps. Targets overfitting: 2/4
-    corpus (the HF runs evaluate every 10 steps and their eval wobbles), 1/1 samples. Healthy:
-    0/15 corpus, 0/7 samples."""
+    (losslint / UMLAUT / AUTOTRAINER style). Evaluated at eval steps. Targets overfitting; it
+    misses runs that evaluate often, whose eval loss wobbles."""
 
     train_window: int = 50
     for_steps: int = 3  # consecutive evaluations
@@ -120,12 +115,12 @@ class OverfitGap(Detector):
     """(eval − train) / train > ratio at an eval step, train = mean of its last `train_window`
     values (SageMaker Overfit; r=0.1).
 
-    Targets overfitting: 4/4 corpus, 1/1 samples. It also fires at the first evaluation after
-    anything that breaks the model (the eval sees the broken model while the train mean still
-    remembers the good one): attention_collapse, dead_ffn, divergence_nan, loss_spike,
-    memory_blowup 2/2 each, router_collapse 2/3: the widest single built-in, wherever eval
-    loss is logged. Healthy: 0/15 corpus, 0/7 samples; at 2 %, 1/15. Small datasets and
-    regularised runs have a standing gap.
+    Targets overfitting. It also fires at the first evaluation after anything that breaks the
+    model (the eval sees the broken model while the train mean still remembers the good one):
+    attention_collapse, dead_ffn, divergence_nan, loss_spike, memory_blowup, router_collapse:
+    the widest single built-in, wherever eval loss is logged. Known false positives: a ratio of
+    a few percent fires on healthy runs; small datasets and regularised runs have a standing
+    gap.
     """
 
     ratio: float = 0.1
