@@ -37,10 +37,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from detectors.engine import ReplayError
 from detectors.kinds import ensemble, kind_rows, summary_rows
 from detectors.predictors import PREDICTOR_RULES, evaluate_predictors
-from detectors.replay import batches, default_rules, replay_batches, replay_on
+from detectors.replay import RuleReplay, batches, default_rules, replay_batches, replay_on
 from detectors.rules import Rule
 from detectors.scoring import (  # noqa: F401 (the scoring API is used from here)
     RULE_FIELDS,
@@ -52,6 +51,7 @@ from detectors.scoring import (  # noqa: F401 (the scoring API is used from here
     score,
     score_outcomes,
 )
+from detectors.series import ReplayError
 from detectors.tuning import folds_of, run_groups, tune_rule
 from workbench.store import Store
 
@@ -173,19 +173,7 @@ def backtest(
         )
     points = [(p, p.params_json == rule.params_json, rule) for rule in rules for p in _points(rule)]
     extra = list(PREDICTOR_RULES.values()) if predictors else []  # replayed in the same pass
-
-    def note_steps(logged):  # logged steps per run, from the batch already in memory
-        for run, steps in logged.items():
-            if run in runs:
-                runs[run].steps = steps
-                runs[run].first_step = int(steps[0]) if len(steps) else 0
-
-    replayed = [p for p, _, _ in points] + extra
-    if executor is None:
-        done = replay_batches(store, replayed, groups, on_batch=lambda data: note_steps(data.logged_steps()))
-    else:
-        done, logged = replay_on(executor, store, replayed, groups, steps=True)
-        note_steps(logged)
+    done = replay_labelled(store, [p for p, _, _ in points] + extra, groups, runs, executor)
     recoveries = load_recoveries(store)
     results, kinds, scored = [], [], []
     for (p, default, parent), d in zip(points, done, strict=False):
@@ -218,6 +206,52 @@ def backtest(
     if tune:
         result.tuning = _tune(store, scored, runs, settings, budget, folds, holdout_glob)
     return result
+
+
+def replay_labelled(
+    store: Store,
+    rules: list[Rule],
+    groups: list[list[str]],
+    runs: dict[str, RunInfo],
+    executor: Executor | None = None,
+) -> list[RuleReplay]:
+    """Replay the rules over the run batches, filling in each labelled run's logged steps and
+    first step from the batch already in memory (what warm-up and false alarms count from)."""
+
+    def note_steps(logged):
+        for run, steps in logged.items():
+            if run in runs:
+                runs[run].steps = steps
+                runs[run].first_step = int(steps[0]) if len(steps) else 0
+
+    if executor is None:
+        return replay_batches(store, rules, groups, on_batch=lambda data: note_steps(data.logged_steps()))
+    done, logged = replay_on(executor, store, rules, groups, steps=True)
+    note_steps(logged)
+    return done
+
+
+@dataclass
+class Judgement:
+    """What one rule (one sweep point) did on each labelled run of a selection."""
+
+    runs: dict[str, RunInfo]  # every labelled run of the selection
+    outcomes: dict[str, Outcome]  # those where the rule could be evaluated
+    evaluable: list[str]  # every run where it could be evaluated, labelled or not
+    alerts: pl.DataFrame
+    error: str | None = None  # why it could be evaluated nowhere
+
+
+def judge(store: Store, rule: Rule, runs_glob: str | None, settings: Settings) -> Judgement:
+    """One rule's outcome per labelled run, judged as `backtest` judges it (the same replay,
+    warm-up and `scoring.outcome`): what the app's per-run table shows."""
+    groups = batches(store, runs_glob)
+    runs, _ = load_labels(store, [r for g in groups for r in g])
+    done = replay_labelled(store, [rule], groups, runs)[0]
+    if done.error:
+        return Judgement(runs, {}, [], done.alerts, done.error)
+    outs = outcomes(alarms_by_run(done.alerts, runs, settings), done.evaluable, runs, settings)
+    return Judgement(runs, outs, done.evaluable, done.alerts)
 
 
 def _points(rule: Rule) -> list[Rule]:

@@ -72,7 +72,7 @@ def kind_rows(rule_id: str, params: str, outs: dict[str, Outcome], runs: dict[st
         members = [r for r in runs.values() if (r.outcome == HEALTHY if kind == HEALTHY else r.kind == kind)]
         o = [outs[r.run_id] for r in members if r.run_id in outs]
         leads = [x.lead for x in o if x.lead is not None]
-        firsts = [x.first for x in o if x.first is not None]
+        firsts = [x.first for x in o if x.failed and x.first is not None]
         steps = sum(x.neg_steps for x in o)
         healthy = kind == HEALTHY
         rows.append(

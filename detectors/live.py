@@ -32,19 +32,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from detectors import builtins as B
-from detectors.engine import (
-    SEEDED,
-    STREAK_STATE,
-    UNIT,
-    ReplayError,
-    SeriesData,
-    conditions,
-    fold_seed,
-    stream_alerts,
-)
+from detectors.builtins.gradients import ClipSaturation, GradientFlow
+from detectors.builtins.nonfinite import LossScaleCollapse
+from detectors.compiler import rule_conditions
 from detectors.language import Binary, Call, Name, Unary
 from detectors.rules import Rule
+from detectors.series import UNIT, ReplayError, SeriesData
+from detectors.streaks import STREAK_STATE, stream_alerts
+from detectors.windows import SEEDED, fold_seed
 from workbench.store import schema
 
 INF = math.inf
@@ -80,11 +75,11 @@ def event_context(rule: Rule) -> int | None:
 
 def _code_context(d) -> tuple[int | None, int | None]:
     """(points, event steps) for the built-ins computed in code whose state is bounded."""
-    if isinstance(d, B.GradientFlow):
+    if isinstance(d, GradientFlow):
         return 1, 0
-    if isinstance(d, B.ClipSaturation):
+    if isinstance(d, ClipSaturation):
         return d.window + 1, 0
-    if isinstance(d, B.LossScaleCollapse):
+    if isinstance(d, LossScaleCollapse):
         return 0, d.window + 1
     return None, None  # Plateau (best so far), spikes whose baseline skips flagged points, ...
 
@@ -346,18 +341,33 @@ class LiveEvaluator:
         return data
 
     def _evaluate_rule(self, rule, data: _Recording, runs, now, update: Update, again: set[str]) -> None:
+        frame, texts, ok = self._conditions(rule, data)
+        bounds = self._bounds(rule, data, runs, ok, again)
+        if frame is None or not bounds:
+            return
+        rows = self._advance(rule, data, frame, bounds)
+        if rows.is_empty():
+            return
+        alerts, extended = self._streaks(rule, data, rows, texts)
+        self._extend(rule, data, extended, update)
+        self._record(rule, alerts, now, update)
+
+    def _conditions(self, rule, data: _Recording) -> tuple[pl.DataFrame | None, list[str], set[str]]:
+        """The rule's condition frame (None when it is evaluable on none of these runs), its leaf
+        texts and the runs where it is evaluable; `data` notes what it read."""
         data.reads, data.read_events = [], False
         try:
-            if rule.when is None:
-                frame, texts, ok = rule.detector.conditions(data)
-            else:
-                frame, texts, ok = conditions(rule, data)
+            frame, texts, ok = rule_conditions(rule, data)
         except ReplayError as e:
-            frame, texts, ok = None, [], []
             self.not_evaluable[rule.id] = str(e)
-        ok = set(ok)
+            return None, [], set()
         if ok:
             self.not_evaluable.pop(rule.id, None)
+        return frame, texts, set(ok)
+
+    def _bounds(self, rule, data: _Recording, runs, ok: set[str], again: set[str]) -> list[tuple]:
+        """(rid, frontier, last final step) of each run to evaluate. Notes the inputs the rule
+        read in each run; a run where they changed goes to `again` instead."""
         reads = (
             pl.concat(data.reads) if data.reads else pl.DataFrame(schema={"rid": pl.Int32, "tid": pl.Int32})
         )
@@ -384,8 +394,11 @@ class LiveEvaluator:
             if events and not st.final:
                 hi = min(hi, st.events_watermark())
             bounds.append((data.code(r), st.frontier.get(rule.id, -INF), hi))
-        if frame is None or not bounds:
-            return
+        return bounds
+
+    def _advance(self, rule, data: _Recording, frame: pl.DataFrame, bounds: list[tuple]) -> pl.DataFrame:
+        """The frame's rows after each run's frontier up to its last final step, sorted by unit
+        and step; the frontiers move past them."""
         lim = pl.DataFrame(bounds, schema={"rid": pl.Int32, "lo": pl.Float64, "hi": pl.Float64}, orient="row")
         rows = frame.join(lim, on="rid").filter(
             (pl.col("step") > pl.col("lo")) & (pl.col("step") <= pl.col("hi"))
@@ -396,9 +409,10 @@ class LiveEvaluator:
             last = reached.filter(pl.col("rid") == rid)["step"]
             new_f = hi if hi < INF else (float(last[0]) if last.len() else lo)
             self.runs[r].frontier[rule.id] = max(lo, new_f)
-        if rows.is_empty():
-            return
-        rows = rows.drop("lo", "hi").sort(*UNIT, "step")
+        return rows.drop("lo", "hi").sort(*UNIT, "step")
+
+    def _streaks(self, rule, data: _Recording, rows: pl.DataFrame, texts: list[str]):
+        """`stream_alerts` over the rows, continuing each unit's streak state and keeping it."""
         units = rows.select(UNIT).unique(maintain_order=True)
         names = [(data.run_name[a], "" if b == -1 else data.tag_name[b]) for a, b in units.iter_rows()]
         zero = dict.fromkeys(STREAK_STATE, 0)
@@ -409,12 +423,19 @@ class LiveEvaluator:
         alerts, extended = stream_alerts(rule, rows, texts, data, state)
         for j, (r, t) in enumerate(names):
             self.runs[r].streaks[(rule.id, t)] = {c: int(state[c][j]) for c in STREAK_STATE}
+        return alerts, extended
+
+    def _extend(self, rule, data: _Recording, extended: pl.DataFrame, update: Update) -> None:
+        """Alerts of earlier polls whose streak these rows continued: their new end."""
         for row in extended.iter_rows(named=True):
             r, t = data.run_name[row["rid"]], "" if row["key"] == -1 else data.tag_name[row["key"]]
             latest = next(a for a in reversed(self.runs[r].alerts[rule.id]) if a.row["tag"] == t)
             latest.row["step_end"] = row["step_end"]
             update.extended.append(latest.row | {"raised_at": latest.raised_at})
             update.changed.add((r, rule.id))
+
+    def _record(self, rule, alerts: pl.DataFrame, now: float, update: Update) -> None:
+        """New alerts: raised now, or, after a reset, the same alert raised before, found again."""
         for row in alerts.iter_rows(named=True):
             st = self.runs[row["run_id"]]
             prior = st.prior.get(rule.id, [])

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from detectors.builtins import Plateau
+from detectors.builtins.plateaus import Plateau
 from detectors.rules import Rule
 from workbench.store import Store
 

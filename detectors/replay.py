@@ -19,8 +19,10 @@ import polars as pl
 import pyarrow as pa
 
 from detectors.builtins import builtin_rules
-from detectors.engine import ALERT_SCHEMA, Coded, ReplayError, SeriesData, evaluate
+from detectors.engine import evaluate
 from detectors.rules import Rule, load_rule_file
+from detectors.series import Coded, ReplayError, SeriesData
+from detectors.streaks import ALERT_SCHEMA
 from workbench.store import Store
 
 if TYPE_CHECKING:

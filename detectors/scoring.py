@@ -83,7 +83,21 @@ class Outcome:
     neg_alarms: int  # alarm events on negative stretches
     neg_steps: int  # logged steps of those stretches
     lead: int | None = None  # onset - the first alarm in the window
-    first: int | None = None  # the first alarm step (failed runs)
+    first: int | None = None  # the first alarm step (first trigger counts failed runs only)
+    alarms: int = 0  # alarms after warm-up
+
+    @property
+    def verdict(self) -> str:
+        """The judgement in words: a failed run is detected, missed, late (alarms only after
+        onset + horizon) or a false alarm (alarms only before onset - lead); a healthy run is
+        quiet or a false alarm."""
+        if not self.failed:
+            return "false alarm" if self.alarms else "quiet"
+        if self.detected:
+            return "detected"
+        if self.false_positive:
+            return "false alarm (before the window)"
+        return "late" if self.alarms else "missed"
 
 
 def json_num(x) -> float | None:
@@ -106,11 +120,14 @@ def alarms_by_run(alerts: pl.DataFrame, runs: dict[str, RunInfo], settings: Sett
 def outcome(info: RunInfo, alarms: list[int], settings: Settings) -> Outcome:
     """One run's outcome under a rule whose alarms (sorted steps) are given."""
     start = info.first_step + settings.warmup
-    if info.outcome == "healthy":
-        return Outcome(False, bool(alarms), False, bool(alarms), len(alarms), _count(info.steps, start, None))
     first = alarms[0] if alarms else None
+    if info.outcome == "healthy":
+        neg_steps = _count(info.steps, start, None)
+        return Outcome(
+            False, bool(alarms), False, bool(alarms), len(alarms), neg_steps, None, first, len(alarms)
+        )
     if info.onset is None:  # a failed run without an onset: any alarm detects it, no lead time
-        return Outcome(True, bool(alarms), bool(alarms), False, 0, 0, None, first)
+        return Outcome(True, bool(alarms), bool(alarms), False, 0, 0, None, first, len(alarms))
     lo, hi = info.onset - settings.lead, info.onset + settings.horizon
     in_window = [a for a in alarms if lo <= a <= hi]
     early = [a for a in alarms if a < lo]
@@ -123,6 +140,7 @@ def outcome(info: RunInfo, alarms: list[int], settings: Settings) -> Outcome:
         neg_steps=_count(info.steps, start, lo),
         lead=info.onset - in_window[0] if in_window else None,
         first=first,
+        alarms=len(alarms),
     )
 
 

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 from conftest import ingest_paths, q
 from streamlit.testing.v1 import AppTest
@@ -259,6 +260,55 @@ def test_backtest_page_scores_in_percent_and_judges_by_onset(app):
     assert at.title[0].value == "Curves" and not at.exception
     names = {t.get("name") for f in figures(at).values() for t in f["data"]}
     assert "alert" in names
+
+
+def test_the_apps_verdict_per_run_is_the_backtests(sample_store, monkeypatch):
+    # the backtest page's per-run table, counted up, gives the backtest's own figures for the
+    # same rules and settings (a short lead and horizon, so that every verdict occurs)
+    from dataclasses import replace
+
+    from detectors.backtest import Settings, backtest
+    from detectors.replay import default_rules
+    from workbench.app import data
+
+    monkeypatch.setenv("WORKBENCH_STORE", str(sample_store.root))
+    ids = ("guides_loss_drop", "guides_loss_spike", "P1_attention_collapse")
+    rules = [replace(r, sweep={}) for r in default_rules() if r.id in ids]  # their own parameters
+    res = backtest(sample_store, rules, None, Settings(horizon=50, lead=20, bootstrap=0), predictors=False)
+    assert sorted(r["rule"] for r in res.rules) == sorted(ids)
+    seen = set()
+    for row in res.rules:
+        table, _ = data.rule_verdicts(data.generation(), None, None, 50, 20, 0, row["rule"], row["params"])
+        seen |= set(table["verdict"])
+        judged = table.filter(~pl.col("verdict").is_in(["not evaluable", "unlabelled"]))
+        failed, healthy = (
+            judged.filter(pl.col("label") == "failed"),
+            judged.filter(pl.col("label") == "healthy"),
+        )
+        assert (judged.height, failed.height) == (row["runs_evaluable"], row["evaluable_failed"])
+        verdicts = failed["verdict"].to_list()
+        detected = verdicts.count("detected")
+        assert row["recall"] == detected / failed.height
+        early = verdicts.count("false alarm (before the window)")
+        assert row["trigger_rate_failed"] == (detected + early) / failed.height
+        assert (
+            row["trigger_rate_healthy"] == healthy["verdict"].to_list().count("false alarm") / healthy.height
+        )
+        alarmed = judged["verdict"].str.starts_with("false alarm").sum()
+        assert row["precision"] == (detected / (detected + alarmed) if detected + alarmed else None)
+        assert row["never_fired"] == verdicts.count("missed") == (failed["alarms"] == 0).sum()
+        leads, firsts = failed["lead"].drop_nulls(), failed["first_alarm"].drop_nulls()
+        assert row["lead_time_median"] == (pytest.approx(leads.median()) if leads.len() else None)
+        assert row["first_trigger_mean"] == (pytest.approx(firsts.mean()) if firsts.len() else None)
+    assert seen == {
+        "detected",
+        "missed",
+        "late",
+        "false alarm (before the window)",
+        "quiet",
+        "false alarm",
+        "not evaluable",
+    }
 
 
 def test_backtest_rule_errors_name_the_rule_text(app):

@@ -20,11 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from detectors.backtest import RULE_FIELDS, RunInfo, Settings, backtest, best_under_budget, frontier, score
-from detectors.engine import ALERT_SCHEMA
 from detectors.kinds import KIND_FIELDS, SUMMARY_FIELDS, ensemble, kind_rows, merge_alarms, summary_rows
 from detectors.predictors import EPS, W, fit_curve, forecast_plateau, schedule_scores
 from detectors.rules import Rule
 from detectors.scoring import fisher_greater, outcomes
+from detectors.streaks import ALERT_SCHEMA
 from detectors.tuning import TUNE_FIELDS, _Counts, folds_of, pick, run_groups, tune_rule
 from workbench.store import Store
 
@@ -375,16 +375,17 @@ def test_pick_prefers_the_default_on_a_tie_and_the_quietest_point_when_nothing_f
 
 
 def test_backtest_tune_scores_builtin_grids_by_cross_validation(sample_store):
-    from detectors import builtins as B
+    from detectors.builtins.loss import SigmaSpike
+    from detectors.builtins.nonfinite import NonFiniteGradNorm
 
-    rules = [B.SigmaSpike().rule(), B.NonFiniteGradNorm().rule()]
+    rules = [SigmaSpike().rule(), NonFiniteGradNorm().rule()]
     res = backtest(
         sample_store, rules, None, Settings(bootstrap=0), predictors=False, tune=True, holdout_glob="*spike*"
     )
     by_rule = {t["rule"]: t for t in res.tuning}
     assert set(by_rule) == {"loss_spike", "non_finite_grad_norm"}
     spike = by_rule["loss_spike"]
-    assert spike["points"] == len(B.SigmaSpike.grid["k"]) * len(B.SigmaSpike.grid["window"])
+    assert spike["points"] == len(SigmaSpike.grid["k"]) * len(SigmaSpike.grid["window"])
     assert spike["holdout_runs"] == 2 and spike["holdout_recall"] is not None
     # the resumed and recovered runs stay with the runs they continue: fewer folds than runs
     assert spike["folds"] < res.rules[0]["runs_failed"] + res.rules[0]["runs_healthy"] - 2

@@ -14,11 +14,19 @@ from conftest import DATA, ingest_paths
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors import builtins as B
-from detectors.builtins import builtin_rules
-from detectors.engine import ReplayError, SeriesData, evaluate
+from detectors.builtins import BUILTINS, builtin_rules
+from detectors.builtins.base import lr_warmup_end
+from detectors.builtins.gradients import EmaGradSpike, GradientFlow, VanishingGradients
+from detectors.builtins.loss import LlmFoundrySpike, LossDivergence, MegatronSpike, SigmaSpike
+from detectors.builtins.memory import MemoryPressure
+from detectors.builtins.moe import BalanceLossShare, MoeImbalance
+from detectors.builtins.nonfinite import LossScaleCollapse, NonFinite, NonFiniteGradNorm
+from detectors.builtins.patterns import PatternP1
+from detectors.builtins.plateaus import LrCollapse, Plateau
+from detectors.engine import evaluate
 from detectors.replay import batches, replay_batches
 from detectors.rules import Rule
+from detectors.series import ReplayError, SeriesData
 from workbench.store import Store
 
 NAN, INF = float("nan"), float("inf")
@@ -77,7 +85,7 @@ def test_nan_compares_false_and_not_catches_it():
     assert fired(Rule("t", "x > 0"), d) == [("r", 0, 0, 0), ("r", 2, 2, 2), ("r", 4, 4, 4)]
     assert fired(Rule("t", "x < 1e30"), d) == [("r", 0, 0, 0), ("r", 3, 3, 4)]
     assert fired(Rule("t", "not (x < 1e30)"), d) == [("r", 1, 1, 2)]
-    assert fired(B.NonFinite(metric="x").rule(), d) == [("r", 1, 1, 3)]
+    assert fired(NonFinite(metric="x").rule(), d) == [("r", 1, 1, 3)]
 
 
 def test_missing_metric_is_null_and_sparse_metric_is_as_of():
@@ -104,7 +112,7 @@ def test_windows_use_only_past_values():
     assert fired(Rule("t", "loss > max(loss, 3)"), d) == [("r", 10, 10, 10)]
     assert fired(Rule("t", "loss < min(loss, 3)"), d) == [("r", 11, 11, 11)]
     # constant series: std 0, a sigma spike needs strictly more than the mean
-    assert fired(B.SigmaSpike(window=5, k=3).rule(), data({"r": {"loss": [2.0] * 20}})) == []
+    assert fired(SigmaSpike(window=5, k=3).rule(), data({"r": {"loss": [2.0] * 20}})) == []
 
 
 def test_ema_delta_pct_change_slope_max_first():
@@ -114,19 +122,19 @@ def test_ema_delta_pct_change_slope_max_first():
     assert fired(Rule("t", "pct_change(g, 1) < -0.5"), d) == [("r", 5, 5, 5)]
     # slope per step, on irregular steps
     lin = data({"r": {"x": [(0, 0.0), (10, 1.0), (30, 3.0), (31, 3.1)]}})
-    frame, _, _ = __import__("detectors.engine", fromlist=["conditions"]).conditions(
+    frame, _, _ = __import__("detectors.compiler", fromlist=["conditions"]).conditions(
         Rule("t", "slope(x, 3) > 0.099"), lin
     )
     assert frame["cond"].to_list() == [False, False, True, True]
     # Megatron: |x| >= 10 x max of the first 3 finite values, known only after them
     m = data({"r": {"gn": [1, NAN, 2, 3, 25, 31, 100]}})
-    assert fired(B.MegatronSpike(metric="gn", baseline=3).rule(), m) == [("r", 5, 5, 6)]
+    assert fired(MegatronSpike(metric="gn", baseline=3).rule(), m) == [("r", 5, 5, 6)]
 
 
 def test_empty_and_single_point_runs():
     d = data({"one": {"loss": [3.0]}, "two": {"loss": [1.0, 100.0]}})
     assert fired(Rule("t", "loss > 2"), d) == [("one", 0, 0, 0), ("two", 1, 1, 1)]
-    assert fired(B.SigmaSpike(window=100).rule(), d) == []
+    assert fired(SigmaSpike(window=100).rule(), d) == []
 
 
 def test_glob_evaluates_each_tag_and_alerts_carry_it():
@@ -165,15 +173,15 @@ def test_p1_truth_table():
     gn = [1.0] * 5 + [1e-6] * 6 + [1.0]
     ent = [2.0] * 3 + [0.1] * 9
     d = data({"r": {"grad_norm": gn, "attn_entropy": ent}})
-    assert fired(B.PatternP1().rule(), d) == [("r", 5, 9, 10)]
+    assert fired(PatternP1().rule(), d) == [("r", 5, 9, 10)]
 
 
 def test_sigma_spike_with_flagged_points_kept_out_of_the_baseline():
     base = [1.0, 1.1, 0.9, 1.05, 0.95] * 4
     vals = base + [5.0, 5.0, 5.0] + [1.0]
     d = data({"r": {"loss": vals}})
-    plain = fired(B.SigmaSpike(window=10, k=3).rule(), d)
-    kept_out = fired(B.SigmaSpike(window=10, k=3, exclude_flagged=True).rule(), d)
+    plain = fired(SigmaSpike(window=10, k=3).rule(), d)
+    kept_out = fired(SigmaSpike(window=10, k=3, exclude_flagged=True).rule(), d)
     assert plain == [("r", 20, 20, 20)]  # the first spike inflates the window: the next two pass
     assert kept_out == [("r", 20, 20, 22)]
 
@@ -181,9 +189,9 @@ def test_sigma_spike_with_flagged_points_kept_out_of_the_baseline():
 def test_plateau_reduce_lr_on_plateau_semantics():
     # improvements until 4, then within the 10 % threshold: counter 1, 2, 3 -> fires when > 2
     d = data({"r": {"eval_loss": [10, 8, 6, 5, 4, 3.9, 3.8, 3.7, 3.0, 2.9]}})
-    assert fired(B.Plateau(threshold=0.1, patience=2).rule(), d) == [("r", 7, 7, 7)]
+    assert fired(Plateau(threshold=0.1, patience=2).rule(), d) == [("r", 7, 7, 7)]
     # absolute threshold: 3.9 -> 3.8 is an improvement of 0.1 from the best (4), so no plateau
-    assert fired(B.Plateau(threshold=0.1, patience=2, relative=False).rule(), d) == []
+    assert fired(Plateau(threshold=0.1, patience=2, relative=False).rule(), d) == []
 
 
 def test_gradient_flow_uses_first_and_last_layer_per_run():
@@ -197,14 +205,14 @@ def test_gradient_flow_uses_first_and_last_layer_per_run():
         }
     )
     # vanishing at step 1 (1e-5 / 1), exploding at step 2 (1e-5 / 1e-8): one interval
-    assert fired(B.GradientFlow().rule(), d) == [("r", 1, 1, 2)]
+    assert fired(GradientFlow().rule(), d) == [("r", 1, 1, 2)]
 
 
 def test_loss_scale_collapse_from_events():
     ev = [{"run_id": "r", "step": s, "kind": "overflow", "attrs": "{}"} for s in (10, 20, 30, 31, 32, 33, 34)]
     ev.append({"run_id": "r", "step": 90, "kind": "min_loss_scale", "attrs": "{}"})
     d = data({"r": {"loss": [1.0] * 100}}, events=ev)
-    assert fired(B.LossScaleCollapse(overflows=5, window=50).rule(), d) == [
+    assert fired(LossScaleCollapse(overflows=5, window=50).rule(), d) == [
         ("r", 32, 32, 34),
         ("r", 90, 90, 90),
     ]
@@ -213,7 +221,7 @@ def test_loss_scale_collapse_from_events():
 def test_llmfoundry_persistent_spike():
     vals = [1.0] * 100 + [2.5] * 4 + [1.0] + [2.5] * 5
     d = data({"r": {"loss": vals}})
-    assert fired(B.LlmFoundrySpike().rule(), d) == [("r", 105, 109, 109)]
+    assert fired(LlmFoundrySpike().rule(), d) == [("r", 105, 109, 109)]
 
 
 def fired_before(cut):
@@ -232,13 +240,13 @@ CAUSAL_RULES = [
     Rule("slope", "slope(x, 5) < -0.1 and delta(y, 2) > 0"),
     Rule("first", "abs(x) > 2 * max_first(x, 5)"),
     Rule("sparse", "y > x", on="y", for_steps=2),
-    B.SigmaSpike(metric="x", window=6, k=2, exclude_flagged=True).rule(),
-    B.SigmaSpike(metric="x", window=4, k=1).rule(),  # gated by the lr warm-up of `lr`
-    B.Plateau(metric="x", threshold=0.01, patience=3).rule(),
-    B.NonFiniteGradNorm(metric="x", consecutive=2).rule(),
-    B.LossDivergence(metric="x", rise=0.1, for_steps=2).rule(),
-    B.EmaGradSpike(metric="x", k=1.5, warmup=0).rule(),
-    B.VanishingGradients(metric="x", window=4, for_steps=2).rule(),
+    SigmaSpike(metric="x", window=6, k=2, exclude_flagged=True).rule(),
+    SigmaSpike(metric="x", window=4, k=1).rule(),  # gated by the lr warm-up of `lr`
+    Plateau(metric="x", threshold=0.01, patience=3).rule(),
+    NonFiniteGradNorm(metric="x", consecutive=2).rule(),
+    LossDivergence(metric="x", rise=0.1, for_steps=2).rule(),
+    EmaGradSpike(metric="x", k=1.5, warmup=0).rule(),
+    VanishingGradients(metric="x", window=4, for_steps=2).rule(),
 ]
 series = st.lists(st.one_of(st.floats(-5, 5), st.just(NAN), st.just(INF)), min_size=1, max_size=60)
 
@@ -275,19 +283,19 @@ def test_non_finite_grad_norm_excuses_fp16_skips_but_not_storms_or_the_scale_flo
     scale = [2.0**16] * 8 + [1.0, 1.0]  # the scale reaches DeepSpeed's floor at step 8
     fp16 = data({"r": {"grad_norm": gn, "loss_scale": scale}})
     # two skips in a row (DeepSpeed's hysteresis) are normal; the third in a row and the floor are not
-    assert fired(B.NonFiniteGradNorm().rule(), fp16) == [("r", 6, 6, 6), ("r", 8, 8, 8)]
+    assert fired(NonFiniteGradNorm().rule(), fp16) == [("r", 6, 6, 6), ("r", 8, 8, 8)]
     # without dynamic loss scaling every non-finite norm alarms (as the plain NonFinite does)
     fp32 = data({"r": {"grad_norm": gn}})
-    assert fired(B.NonFiniteGradNorm().rule(), fp32) == fired(B.NonFinite(metric="grad_norm").rule(), fp32)
-    assert fired(B.NonFiniteGradNorm().rule(), fp32) == [("r", 1, 1, 2), ("r", 4, 4, 6), ("r", 8, 8, 8)]
+    assert fired(NonFiniteGradNorm().rule(), fp32) == fired(NonFinite(metric="grad_norm").rule(), fp32)
+    assert fired(NonFiniteGradNorm().rule(), fp32) == [("r", 1, 1, 2), ("r", 4, 4, 6), ("r", 8, 8, 8)]
     # OVERFLOW notices are evidence of dynamic loss scaling too, from their step on; a
     # minimum-loss-scale exit is the floor
     ev = [{"run_id": "r", "step": 3, "kind": "overflow", "attrs": "{}"}]
     noticed = data({"r": {"grad_norm": gn}}, events=ev)
-    assert fired(B.NonFiniteGradNorm().rule(), noticed) == [("r", 1, 1, 2), ("r", 6, 6, 6)]
+    assert fired(NonFiniteGradNorm().rule(), noticed) == [("r", 1, 1, 2), ("r", 6, 6, 6)]
     ev.append({"run_id": "r", "step": 8, "kind": "min_loss_scale", "attrs": "{}"})
     exited = data({"r": {"grad_norm": gn}}, events=ev)
-    assert fired(B.NonFiniteGradNorm().rule(), exited) == [("r", 1, 1, 2), ("r", 6, 6, 6), ("r", 8, 8, 8)]
+    assert fired(NonFiniteGradNorm().rule(), exited) == [("r", 1, 1, 2), ("r", 6, 6, 6), ("r", 8, 8, 8)]
 
 
 def test_lr_warmup_end_is_the_first_lr_not_above_the_largest_before():
@@ -300,7 +308,7 @@ def test_lr_warmup_end_is_the_first_lr_not_above_the_largest_before():
             "no_lr": {"loss": [1, 2]},
         }
     )
-    ends = {d.run_name[rid]: end for rid, end in B.lr_warmup_end(d).iter_rows()}
+    ends = {d.run_name[rid]: end for rid, end in lr_warmup_end(d).iter_rows()}
     assert ends == {"warm": 3, "flat": 1, "rising": None, "once": 5}
 
 
@@ -308,7 +316,7 @@ def test_sigma_rules_wait_for_the_window_and_the_lr_warmup():
     noise = [1.0, 1.1, 0.9, 1.05, 0.95] * 8  # 40 steps
     loss = noise[:25] + [3.0] + noise[25:] + [3.0] + [1.0] * 4  # spikes at 25 and 41
     lr = [i / 30 for i in range(30)] + [1.0] * 16  # the warm-up ends at step 30
-    rule = B.SigmaSpike(window=20, k=3, cooldown=0).rule()
+    rule = SigmaSpike(window=20, k=3, cooldown=0).rule()
     assert fired(rule, data({"r": {"loss": loss}})) == [("r", 25, 25, 25), ("r", 41, 41, 41)]
     assert fired(rule, data({"r": {"loss": loss, "lr": lr}})) == [("r", 41, 41, 41)]
     # the window must have filled: 20 finite values before the first spike at 10
@@ -319,14 +327,14 @@ def test_sigma_rules_wait_for_the_window_and_the_lr_warmup():
 def test_sigma_spike_skips_non_finite_values_in_its_window():
     noise = [1.0, 1.1, 0.9, 1.05, 0.95] * 6
     loss = noise[:15] + [INF, NAN] + noise[15:] + [3.0]
-    assert fired(B.SigmaSpike(window=20, k=3).rule(), data({"r": {"loss": loss}})) == [("r", 32, 32, 32)]
+    assert fired(SigmaSpike(window=20, k=3).rule(), data({"r": {"loss": loss}})) == [("r", 32, 32, 32)]
 
 
 def test_loss_divergence_tells_a_spike_that_recovers_from_one_that_does_not():
     base = [2.0 - 0.01 * i for i in range(50)]  # falling: the best keeps improving
     recovers = base + [3.0] * 5 + [1.5] * 40
     stays = base + [3.0] * 45
-    rule = B.LossDivergence(rise=0.2, for_steps=10, weight=0.5).rule()
+    rule = LossDivergence(rise=0.2, for_steps=10, weight=0.5).rule()
     assert fired(rule, data({"r": {"loss": recovers}})) == []
     # the EMA crosses 1.2 x its best at step 50, so the 10th step above is 59
     assert fired(rule, data({"r": {"loss": stays}})) == [("r", 50, 59, 94)]
@@ -334,24 +342,24 @@ def test_loss_divergence_tells_a_spike_that_recovers_from_one_that_does_not():
 
 def test_ema_grad_spike_skips_fp16_skips_and_keeps_spikes_out_of_its_ema():
     g = [1.0] * 10 + [INF] + [1.0] * 5 + [10.0, 10.0] + [1.0] * 5
-    rule = B.EmaGradSpike(k=3, warmup=0, cooldown=0).rule()
+    rule = EmaGradSpike(k=3, warmup=0, cooldown=0).rule()
     # the Inf neither alarms nor poisons the EMA; the second 10 still alarms (clipped feed)
     assert fired(rule, data({"r": {"grad_norm": g}})) == [("r", 16, 16, 17)]
 
 
 def test_vanishing_gradients_relative_to_the_runs_own_level():
     g = [0.4] * 20 + [0.01] * 6 + [0.4]
-    assert fired(B.VanishingGradients(window=10, for_steps=5).rule(), data({"r": {"grad_norm": g}})) == [
+    assert fired(VanishingGradients(window=10, for_steps=5).rule(), data({"r": {"grad_norm": g}})) == [
         ("r", 20, 24, 25)
     ]
     # a run at a tiny but steady gradient norm is not vanishing
     steady = data({"r": {"grad_norm": [1e-6] * 40}})
-    assert fired(B.VanishingGradients(window=10).rule(), steady) == []
+    assert fired(VanishingGradients(window=10).rule(), steady) == []
 
 
 def test_lr_collapse_fires_after_for_steps_below_the_fraction_of_the_peak():
     lr = [1.0] * 5 + [0.5**i for i in range(1, 20)]  # below 2 % from 0.5**6
-    assert fired(B.LrCollapse(fraction=0.02, for_steps=3).rule(), data({"r": {"lr": lr}})) == [
+    assert fired(LrCollapse(fraction=0.02, for_steps=3).rule(), data({"r": {"lr": lr}})) == [
         ("r", 10, 12, 23)
     ]
 
@@ -371,17 +379,17 @@ def test_memory_and_moe_detectors_find_their_tags():
             },
         }
     )
-    assert sorted(fired(B.MemoryPressure().rule(), d)) == [("cpu", 2, 2, 2), ("gpu", 1, 1, 2)]
-    alerts, runs = evaluate(B.MoeImbalance(for_steps=1).rule(), d)
+    assert sorted(fired(MemoryPressure().rule(), d)) == [("cpu", 2, 2, 2), ("gpu", 1, 1, 2)]
+    alerts, runs = evaluate(MoeImbalance(for_steps=1).rule(), d)
     assert runs == ["moe"] and [(r["tag"], r["step_start"]) for r in alerts.iter_rows(named=True)] == [
         ("moe/layer_0/max_load", 1)
     ]
-    assert fired(B.BalanceLossShare(for_steps=1).rule(), d) == [("moe", 2, 2, 2)]
+    assert fired(BalanceLossShare(for_steps=1).rule(), d) == [("moe", 2, 2, 2)]
 
 
 def test_megatron_spike_leaves_non_finite_values_to_non_finite():
     g = [1.0] * 5 + [INF, 50.0]
-    assert fired(B.MegatronSpike(baseline=5).rule(), data({"r": {"grad_norm": g}})) == [("r", 6, 6, 6)]
+    assert fired(MegatronSpike(baseline=5).rule(), data({"r": {"grad_norm": g}})) == [("r", 6, 6, 6)]
 
 
 # --- every built-in on real runs: the kind it targets, and quiet on healthy fp16 with skips -----
@@ -460,7 +468,7 @@ def test_builtin_fires_on_a_real_run_of_the_kind_it_targets(real_alarms, rule, r
     assert onset + lo <= first[run] <= onset + hi
 
 
-@pytest.mark.parametrize("rule", [d.id for d in B.BUILTINS])
+@pytest.mark.parametrize("rule", [d.id for d in BUILTINS])
 def test_builtin_stays_quiet_on_healthy_runs_fp16_skips_included(real_alarms, rule):
     first, evaluable = real_alarms[0][rule]
     assert not set(first) & set(HEALTHY)
@@ -481,7 +489,7 @@ def test_the_healthy_fp16_run_really_skips_steps(real_alarms):
     )
     assert bad == [252, 253, 305, 307, 360, 361]
     naive = replay_batches(
-        store, [B.NonFinite(metric="grad_norm").rule()], batches(store, "healthy_deepspeed_fp16")
+        store, [NonFinite(metric="grad_norm").rule()], batches(store, "healthy_deepspeed_fp16")
     )
     assert naive[0].alerts["step_fired"].to_list() == [252, 305, 307, 360]
 

@@ -10,10 +10,13 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors import builtins as B
-from detectors.engine import SeriesData, evaluate
+from detectors.builtins.gradients import ClipSaturation, GradientFlow
+from detectors.builtins.nonfinite import LossScaleCollapse
+from detectors.builtins.plateaus import Plateau
+from detectors.engine import evaluate
 from detectors.live import LiveEvaluator, context
 from detectors.rules import Rule
+from detectors.series import SeriesData
 
 RULES = [
     Rule("spike", "loss > mean(loss, 8) + 2 * std(loss, 8)", cooldown=4),
@@ -23,10 +26,10 @@ RULES = [
     Rule("eval", "eval_loss > min(eval_loss, 3)", on="eval_loss"),
     Rule("trend", "loss > eval_loss and slope(loss, 5) > 0 and delta(loss, 2) > 0", for_steps=2),
     Rule("layers", "`gn/layer_*` > 1.5 * ema(`gn/layer_*`, 0.8) and loss > 0"),
-    B.GradientFlow(layer_prefix="gn/layer_", explode=2.0).rule(),
-    B.LossScaleCollapse(overflows=3, window=10).rule(),
-    B.ClipSaturation(window=6, share=0.5).rule(),
-    B.Plateau(metric="eval_loss", patience=2).rule(),
+    GradientFlow(layer_prefix="gn/layer_", explode=2.0).rule(),
+    LossScaleCollapse(overflows=3, window=10).rule(),
+    ClipSaturation(window=6, share=0.5).rule(),
+    Plateau(metric="eval_loss", patience=2).rule(),
 ]
 POINTS = {"tag": pl.String, "metric": pl.String, "step": pl.Int64, "value": pl.Float64, "rank": pl.Int64}
 
@@ -153,5 +156,5 @@ def test_live_incremental_equals_one_shot_replay(seed, n, cuts, lag, nan_at, res
 def test_context_is_the_longest_window_plus_one():
     assert context(Rule("t", "loss > mean(loss, 100) + 3 * std(loss, 20)")) == 101
     assert context(Rule("t", "grad_norm > 5 * ema(grad_norm, 0.95)")) == 1  # seeded: no window
-    assert context(B.ClipSaturation(window=50).rule()) == 51
-    assert context(B.Plateau().rule()) is None  # best so far: the whole run
+    assert context(ClipSaturation(window=50).rule()) == 51
+    assert context(Plateau().rule()) is None  # best so far: the whole run

@@ -10,7 +10,8 @@ from conftest import ingest_paths, q
 from real_samples import SAMPLES, sample_store
 from tbparse import SummaryReader
 
-from detectors.builtins import BalanceLossShare, MemoryPressure, MoeImbalance
+from detectors.builtins.memory import MemoryPressure
+from detectors.builtins.moe import BalanceLossShare, MoeImbalance
 from detectors.replay import default_rules, replay
 from workbench.store import Store
 

@@ -18,8 +18,8 @@ import numpy as np
 import polars as pl
 import streamlit as st
 
-from detectors.backtest import Settings, backtest, load_labels
-from detectors.replay import GUIDES, batches, default_rules, replay, replay_batches
+from detectors.backtest import Settings, backtest, judge
+from detectors.replay import GUIDES, default_rules, replay
 from detectors.rules import rules_from_text
 from ingest import lineage as lineage_graph
 from workbench.app import charts
@@ -509,9 +509,9 @@ def rule_verdicts(
     rule: str,
     params: str,
 ) -> tuple[pl.DataFrame, pl.DataFrame] | str:
-    """Per labelled run, what one rule (at one sweep point) of the backtest did, judged as the
-    backtest judges it: its alarms against [onset - lead, onset + horizon] after warm-up. Also
-    the alarms themselves (to draw them). A message instead when the rule cannot be replayed."""
+    """Per labelled run, what one rule (at one sweep point) of the backtest did, judged by the
+    backtest itself (`detectors.backtest.judge`). Also the alarms themselves (to draw them). A
+    message instead when the rule cannot be replayed."""
     try:
         pool = _rules(rules_text) or default_rules()
         point = next(
@@ -519,51 +519,28 @@ def rule_verdicts(
         )
         if point is None:
             return f"rule {rule} {params} is not in this rule set"
-        groups = batches(store(), runs_glob or None)
-        labelled, _ = load_labels(store(), [r for g in groups for r in g])
-        done = replay_batches(store(), [point], groups)[0]
+        judged = judge(store(), point, runs_glob or None, Settings(horizon=horizon, lead=lead, warmup=warmup))
     except WorkbenchError as e:
         return str(e)
-    if done.error:
-        return done.error
-    firsts = sql(gen, "SELECT run_id, first_step FROM runs")
-    first_step = dict(firsts.iter_rows())
-    fired = done.alerts.filter(
-        pl.col("step_fired")
-        >= pl.col("run_id").replace_strict(first_step, default=0, return_dtype=pl.Int64) + warmup
-    )
+    if judged.error:
+        return judged.error
     rows = []
-    for run, info in sorted(labelled.items()):
-        alarms = sorted(fired.filter(pl.col("run_id") == run)["step_fired"].to_list())
+    for run, info in sorted(judged.runs.items()):
+        o = judged.outcomes.get(run)
         rows.append(
             {
                 "run_id": run,
                 "label": info.outcome,
                 "onset": info.onset,
-                **verdict(info, alarms, horizon, lead),
+                "alarms": o.alarms if o else 0,
+                "first_alarm": o.first if o else None,
+                "lead": o.lead if o else None,
+                "verdict": o.verdict if o else "not evaluable",
             }
         )
-    for run in sorted(set(done.evaluable) - set(labelled)):
+    for run in sorted(set(judged.evaluable) - set(judged.runs)):
         rows.append({"run_id": run, "label": "unlabelled", "onset": None, "verdict": "unlabelled"})
-    return pl.DataFrame(rows, infer_schema_length=None), done.alerts
-
-
-def verdict(info, alarms: list[int], horizon: int, lead: int) -> dict:
-    """The backtest's judgement of one run (see detectors/backtest.py): a failed run is detected
-    by an alarm in [onset - lead, onset + horizon]; earlier only is a false alarm, later only is
-    late; a healthy run's alarm is a false alarm."""
-    first = alarms[0] if alarms else None
-    out = {"alarms": len(alarms), "first_alarm": first, "lead": None}
-    if info.outcome == "healthy":
-        return {**out, "verdict": "false alarm" if alarms else "quiet"}
-    if info.onset is None:
-        return {**out, "verdict": "detected" if alarms else "missed"}
-    inside = [a for a in alarms if info.onset - lead <= a <= info.onset + horizon]
-    if inside:
-        return {**out, "verdict": "detected", "lead": info.onset - inside[0]}
-    if any(a < info.onset - lead for a in alarms):
-        return {**out, "verdict": "false alarm (before the window)"}
-    return {**out, "verdict": "late" if alarms else "missed"}
+    return pl.DataFrame(rows, infer_schema_length=None), judged.alerts
 
 
 def replay_alerts(rules_text: str | None, runs_glob: str | None) -> str:
