@@ -141,85 +141,135 @@ def _read_file(
     """Read one file from its offset and write its batches' parts. Whatever goes wrong stays
     with this file: the batches read before are kept, the rest is a problem row saying why."""
     res = FileResult(ft.path, run_id)
-    path, prev = Path(ft.path), ft.prev
+    path = Path(ft.path)
     try:
         st = path.stat()
     except OSError as e:
         res.not_read = f"not read: {e.strerror or e}"
         return res
-    records = prev["records"] if prev else 0
-    points = prev["points"] if prev else 0
-    n_problems = prev["problems"] if prev else 0
-    first_wall = prev["first_wall_time"] if prev else None
-    last_wall = prev["last_wall_time"] if prev else None
-    consumed = ft.offset
-    note = None
-    contents = Counter(json.loads(prev["contents"]) if prev and prev["contents"] else {})
-    state = json.loads(prev["state"]) if prev and prev["state"] else {}
-    ctx = ReadContext(run_id, state=state, plugins=dict(plugins), run_config=dict(run_config))
-    failure = None
+    tally = _Tally.resume(ft.prev, ft.offset)
+    ctx = ReadContext(run_id, state=tally.state, plugins=dict(plugins), run_config=dict(run_config))
     pending: list = []
-    try:
-        for batch in ingestor.read(path, ft.offset, ctx):
-            _stage(root, pool, pending, res, ingestor.name, batch, next_id, share)
-            res.reported.extend(batch.problems)
-            if first_wall is None and batch.first_wall_time is not None:
-                first_wall = batch.first_wall_time
-            last_wall = _latest(last_wall, batch)
-            records += batch.records
-            points += len(batch.points)
-            n_problems += len(batch.problems)
-            res.points += len(batch.points)
-            res.bytes_read += batch.end - batch.start
-            consumed = batch.end
-            note = batch.note
-            if batch.state is not None:
-                state = batch.state
-            contents.update({k: v for k, v in batch.counts.items() if v})
-    except StoreError:
-        raise
-    except OSError as e:
-        failure = Problem(
-            consumed, "read_error", f"read error: {error_text(e)}; kept what was read up to byte {consumed}"
-        )
-    except Exception as e:  # noqa: BLE001 - a reader bug on one file never costs the other files
-        failure = Problem(
-            consumed,
-            "reader_error",
-            f"the {ingestor.name} reader failed ({error_text(e)}); kept what was read up to byte {consumed}",
-        )
+    failure = _read_batches(root, pool, pending, res, ingestor, ft, ctx, tally, next_id, share)
     with disk_full_is_a_store_error(root):
         for f in pending:
             _collect(res, f.result())
     if failure is not None:
-        note = failure.message
+        tally.note = failure.message
         res.reported.append(failure)
         res.problems.append(problem_row(ft.path, run_id, failure))
-        n_problems += 1
-    res.note = note
+        tally.problems += 1
+    res.note = tally.note
+    res.file_row = _manifest_row(ft, run_id, st, tally, ingestor.config_used(ctx.run_config, tally.state))
+    return res
+
+
+@dataclass
+class _Tally:
+    """What a file's manifest row counts, carried on from its last ingest when appending."""
+
+    consumed: int
+    records: int = 0
+    points: int = 0
+    problems: int = 0
+    first_wall: float | None = None
+    last_wall: float | None = None
+    note: str | None = None
+    contents: Counter = field(default_factory=Counter)
+    state: dict = field(default_factory=dict)
+
+    @classmethod
+    def resume(cls, prev: dict | None, offset: int) -> _Tally:
+        if not prev:
+            return cls(offset)
+        return cls(
+            offset,
+            prev["records"],
+            prev["points"],
+            prev["problems"],
+            prev["first_wall_time"],
+            prev["last_wall_time"],
+            contents=Counter(json.loads(prev["contents"]) if prev["contents"] else {}),
+            state=json.loads(prev["state"]) if prev["state"] else {},
+        )
+
+    def add(self, batch: Batch) -> None:
+        if self.first_wall is None and batch.first_wall_time is not None:
+            self.first_wall = batch.first_wall_time
+        self.last_wall = _latest(self.last_wall, batch)
+        self.records += batch.records
+        self.points += len(batch.points)
+        self.problems += len(batch.problems)
+        self.consumed = batch.end
+        self.note = batch.note
+        if batch.state is not None:
+            self.state = batch.state
+        self.contents.update({k: v for k, v in batch.counts.items() if v})
+
+
+def _read_batches(
+    root: Path,
+    pool: ThreadPoolExecutor,
+    pending: list,
+    res: FileResult,
+    ingestor: Ingestor,
+    ft: FileTask,
+    ctx: ReadContext,
+    tally: _Tally,
+    next_id: list[int],
+    share: bool,
+) -> Problem | None:
+    """Stage the file's batches as the reader yields them; the problem that stopped it, if any
+    (only the store failing is raised)."""
     try:
-        sig = content_sig(path, consumed, whole=not ft.appendable)
+        for batch in ingestor.read(Path(ft.path), ft.offset, ctx):
+            _stage(root, pool, pending, res, ingestor.name, batch, next_id, share)
+            res.reported.extend(batch.problems)
+            tally.add(batch)
+            res.points += len(batch.points)
+            res.bytes_read += batch.end - batch.start
+    except StoreError:
+        raise
+    except OSError as e:
+        consumed = tally.consumed
+        return Problem(
+            consumed, "read_error", f"read error: {error_text(e)}; kept what was read up to byte {consumed}"
+        )
+    except Exception as e:  # noqa: BLE001 - a reader bug on one file never costs the other files
+        consumed = tally.consumed
+        return Problem(
+            consumed,
+            "reader_error",
+            f"the {ingestor.name} reader failed ({error_text(e)}); kept what was read up to byte {consumed}",
+        )
+    return None
+
+
+def _manifest_row(ft: FileTask, run_id: str, st, tally: _Tally, config_used: str | None) -> dict:
+    """The file's manifest row after this read (`st`: its stat before the read)."""
+    path = Path(ft.path)
+    try:
+        sig = content_sig(path, tally.consumed, whole=not ft.appendable)
     except OSError:  # gone mid-read: no signature, so a file that comes back is read anew
         sig = None
-    res.file_row = file_row(
+    return file_row(
         Found(path, Path(ft.run_dir), ft.format),
         run_id,
-        "problems" if n_problems else "ok",
+        "problems" if tally.problems else "ok",
         size=st.st_size,
         mtime_ns=st.st_mtime_ns,
-        consumed=consumed,
-        first_wall_time=first_wall,
-        last_wall_time=last_wall,
-        records=records,
-        points=points,
-        problems=n_problems,
-        note=note,
-        state=json.dumps(state, sort_keys=True) if state else None,
-        config_used=ingestor.config_used(ctx.run_config, state),
-        contents=json.dumps(dict(sorted(contents.items()))) if contents else None,
+        consumed=tally.consumed,
+        first_wall_time=tally.first_wall,
+        last_wall_time=tally.last_wall,
+        records=tally.records,
+        points=tally.points,
+        problems=tally.problems,
+        note=tally.note,
+        state=json.dumps(tally.state, sort_keys=True) if tally.state else None,
+        config_used=config_used,
+        contents=json.dumps(dict(sorted(tally.contents.items()))) if tally.contents else None,
         content_sig=sig,
     )
-    return res
 
 
 def _collect(res: FileResult, written: tuple[dict | None, dict]) -> None:
