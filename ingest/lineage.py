@@ -117,12 +117,12 @@ def _restarts(edges: _Edges, segs: pl.DataFrame, ckpts: pl.DataFrame) -> None:
         several.filter(pl.col("files") > 1), on=["run_id", "source"], how="semi", maintain_order="left"
     )
     for (run, _source), g in segs.group_by("run_id", "source", maintain_order=True):
-        files = (
+        files: list[dict] = (
             g.group_by("path", "segment", maintain_order=True)
             .agg(tags=pl.col("tag"), first=pl.col("first_step"), last=pl.col("last_step"))
             .sort("segment")
+            .rows(named=True)
         )
-        files = files.rows(named=True)
         for i, cur in enumerate(files):
             prev = next((f for f in reversed(files[:i]) if set(f["tags"]) & set(cur["tags"])), None)
             if prev is None:

@@ -121,7 +121,7 @@ def values(p: TextParser, line: str) -> str | None:
 
 def _engine_step(p: TextParser, m: re.Match) -> str:
     step = int(m["step"])
-    found = [("skipped", float(m["skipped"]))]
+    found: list[tuple[str, float | None]] = [("skipped", float(m["skipped"]))]
     found += [
         ("lr" if i == 0 else f"lr/{i}", to_float(v))
         for i, v in enumerate(x for x in m["lr"].split(",") if x.strip())

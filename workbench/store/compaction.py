@@ -27,7 +27,7 @@ def due(parts: pl.DataFrame) -> bool:
 
 def candidates(
     root: Path, parts: pl.DataFrame, chunks: pl.DataFrame, everything: bool
-) -> tuple[pl.DataFrame, list[Path]]:
+) -> tuple[pl.DataFrame, list[str]]:
     """The scalar parts to merge (the chunks' own; `everything`: the compacted files' too), with
     their chunks' run ids, and the files they are in."""
     mine = (pl.col("kind") == "scalars") & (pl.lit(True) if everything else pl.col("file").is_null())
@@ -50,7 +50,7 @@ class Merged:
         )
 
 
-def merge(root: Path, todo: pl.DataFrame, files: list[Path], out: Path) -> Merged:
+def merge(root: Path, todo: pl.DataFrame, files: list[str], out: Path) -> Merged:
     """Write the rows of `todo`'s chunks held in `files` (less the rows of chunks dropped since)
     to `out`, sorted by run, tag and step; published by rename, with its size and sha256."""
     out.parent.mkdir(parents=True, exist_ok=True)
