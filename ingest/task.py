@@ -97,6 +97,7 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def ingestors_by_name(check_crc: bool) -> dict[str, Ingestor]:
+    """The registry's readers by name, made once per process."""
     if check_crc not in _INGESTORS:
         _INGESTORS[check_crc] = {i.name: i for i in make_ingestors(check_crc=check_crc)}
     return _INGESTORS[check_crc]
