@@ -39,15 +39,27 @@ def build(
         "SELECT f.run_id, min(t.first_step) AS first_step FROM files f LEFT JOIN file_tags t USING (run_id) "
         "WHERE f.format IS NOT NULL GROUP BY f.run_id"
     ).pl()
-    run_ids = set(runs["run_id"].to_list())
-    edges: dict[tuple, dict] = {}
+    edges = _Edges()
+    _named_parents(edges, ckpts, recoveries, set(runs["run_id"].to_list()))
+    _restarts(edges, segs, ckpts)
+    _logged_loads(edges, resumes, ckpts)
+    _forks(edges, ckpts, runs)
+    rows = sorted(edges.edges.values(), key=lambda e: (e["child_run"], e["child_segment"], e["parent_run"]))
+    return pl.DataFrame(rows, schema=LINEAGE)
 
-    def add(child, segment, parent, step, ckpt, kind, evidence, changes=None):
+
+class _Edges:
+    """The edges found so far, by (child, parent, step): evidence found again is appended."""
+
+    def __init__(self):
+        self.edges: dict[tuple, dict] = {}
+
+    def add(self, child, segment, parent, step, ckpt, kind, evidence, changes=None):
         key = (child, parent, step)
-        if key in edges:
-            edges[key]["evidence"] += "; " + evidence
+        if key in self.edges:
+            self.edges[key]["evidence"] += "; " + evidence
             return
-        edges[key] = {
+        self.edges[key] = {
             "child_run": child,
             "child_segment": segment,
             "parent_run": parent,
@@ -58,11 +70,10 @@ def build(
             "changes": changes,
         }
 
-    def checkpoint_at_or_below(run, step):
-        c = ckpts.filter((pl.col("run_id") == run) & (pl.col("step") <= step)).sort("step")
-        return (int(c["step"][-1]), c["path"][-1]) if c.height else (None, None)
 
-    # explicit parents in checkpoint metadata (the run's earliest checkpoint that names one)
+def _named_parents(edges: _Edges, ckpts: pl.DataFrame, recoveries: pl.DataFrame, run_ids: set[str]) -> None:
+    """Explicit parents in checkpoint metadata (the run's earliest checkpoint that names one):
+    `recovery` when the run logged a RECOVERY TRIGGERED line, else `fork`."""
     named: set[tuple] = set()
     for run, _step, path, meta in ckpts.sort("run_id", "step").iter_rows():
         m = json.loads(meta or "{}")
@@ -74,7 +85,7 @@ def build(
         rec = recoveries.filter(pl.col("run_id") == run)
         if rec.height:
             attrs = json.loads(rec["attrs"][0])
-            add(
+            edges.add(
                 run,
                 0,
                 parent,
@@ -86,7 +97,7 @@ def build(
                 json.dumps(attrs.get("changes"), sort_keys=True),
             )
         else:
-            add(
+            edges.add(
                 run,
                 0,
                 parent,
@@ -95,19 +106,23 @@ def build(
                 "fork",
                 f"checkpoint metadata {path.rsplit('/', 1)[-1]} names parent {m.get('parent_run')}",
             )
-    # writer segments that restart at or below where the previous one got to (a source of a
-    # run needs two files for that: the many runs of one file each are left out at once)
+
+
+def _restarts(edges: _Edges, segs: pl.DataFrame, ckpts: pl.DataFrame) -> None:
+    """Writer segments that restart at or below where the previous one got to: `resume`, from
+    the run's checkpoint at or below the restart (a source of a run needs two files for that:
+    the many runs of one file each are left out at once)."""
     several = segs.group_by("run_id", "source").agg(pl.col("path").n_unique().alias("files"))
     segs = segs.join(
         several.filter(pl.col("files") > 1), on=["run_id", "source"], how="semi", maintain_order="left"
     )
     for (run, _source), g in segs.group_by("run_id", "source", maintain_order=True):
-        files = (
+        files: list[dict] = (
             g.group_by("path", "segment", maintain_order=True)
             .agg(tags=pl.col("tag"), first=pl.col("first_step"), last=pl.col("last_step"))
             .sort("segment")
+            .rows(named=True)
         )
-        files = files.rows(named=True)
         for i, cur in enumerate(files):
             prev = next((f for f in reversed(files[:i]) if set(f["tags"]) & set(cur["tags"])), None)
             if prev is None:
@@ -121,33 +136,41 @@ def build(
             # last step again (a final evaluation by a new writer) continues nothing
             if not prev_first < first <= last or (first == last and cur_last == last):
                 continue
-            cur = {"path": cur["path"], "segment": cur["segment"], "first_step": first}
-            prev = {"last_step": last}
-            step, ckpt = checkpoint_at_or_below(run, cur["first_step"])
+            step, ckpt = _checkpoint_at_or_below(ckpts, run, first)
             where = (
                 f"checkpoint at step {step}" if step is not None else "no checkpoint on disk at or below it"
             )
             name = cur["path"].rsplit("/", 1)[-1]
-            add(
+            edges.add(
                 run,
                 cur["segment"],
                 run,
-                step if step is not None else cur["first_step"],
+                step if step is not None else first,
                 ckpt,
                 "resume",
-                f"{name} restarts at step {cur['first_step']} <= previous segment's last step {prev['last_step']}; {where}",
+                f"{name} restarts at step {first} <= previous segment's last step {last}; {where}",
             )
+
+
+def _checkpoint_at_or_below(ckpts: pl.DataFrame, run: str, step: int) -> tuple[int | None, str | None]:
+    c = ckpts.filter((pl.col("run_id") == run) & (pl.col("step") <= step)).sort("step")
+    return (int(c["step"][-1]), c["path"][-1]) if c.height else (None, None)
+
+
+def _logged_loads(edges: _Edges, resumes: pl.DataFrame, ckpts: pl.DataFrame) -> None:
+    """A "Loading checkpoint from ..." line: it confirms a resume at its step, or, naming another
+    run's checkpoint, is a `fork` from it."""
     for run, step, attrs in resumes.iter_rows():
         path = json.loads(attrs or "{}").get("path", "")
         owner = ckpts.filter(
             pl.col("path").str.ends_with(path.lstrip("./"))
             | pl.lit(path).str.ends_with(pl.col("path").str.split("/").list.last())
         )
-        same = [k for k in edges if k[0] == run and k[1] == run and k[2] == step]
+        same = [k for k in edges.edges if k[0] == run and k[1] == run and k[2] == step]
         if same:
-            edges[same[0]]["evidence"] += f"; log says: loading checkpoint {path}"
+            edges.edges[same[0]]["evidence"] += f"; log says: loading checkpoint {path}"
         elif owner.height and owner["run_id"][0] != run:
-            add(
+            edges.add(
                 run,
                 0,
                 owner["run_id"][0],
@@ -156,8 +179,11 @@ def build(
                 "fork",
                 f"log says: loading checkpoint {path}",
             )
-    # forks: a run starting where exactly one other run saved a checkpoint
-    has_parent = {k[0] for k in edges if k[0] != k[1]}
+
+
+def _forks(edges: _Edges, ckpts: pl.DataFrame, runs: pl.DataFrame) -> None:
+    """A run with no other parent whose first step continues exactly one other run's checkpoint."""
+    has_parent = {k[0] for k in edges.edges if k[0] != k[1]}
     at_step: dict[int, list[tuple]] = {}  # checkpoints by step, in their order (a lookup per run)
     for i, (crun, cstep, cpath) in enumerate(ckpts.select("run_id", "step", "path").iter_rows()):
         at_step.setdefault(cstep, []).append((i, crun, cstep, cpath))
@@ -168,7 +194,7 @@ def build(
         c = sorted(x for s in steps for x in at_step.get(s, ()) if x[1] != run)
         if len({x[1] for x in c}) == 1:
             _, crun, cstep, cpath = c[0]
-            add(
+            edges.add(
                 run,
                 0,
                 crun,
@@ -177,8 +203,6 @@ def build(
                 "fork",
                 f"first step {first} continues {crun}'s checkpoint at step {cstep}",
             )
-    rows = sorted(edges.values(), key=lambda e: (e["child_run"], e["child_segment"], e["parent_run"]))
-    return pl.DataFrame(rows, schema=LINEAGE)
 
 
 def _match_run(name: str | None, run_ids: set[str]) -> str | None:

@@ -17,7 +17,7 @@ from ingest.keras_csv import KerasCsvLoggerIngestor
 from ingest.lightning import LightningCsvIngestor, LightningHparamsIngestor
 from ingest.mlflow import MlflowMetricIngestor, MlflowRunMetaIngestor
 from ingest.tensorboard import TensorBoardIngestor
-from ingest.textlog import TextLogIngestor
+from ingest.textlog.ingestor import TextLogIngestor
 
 
 def make_ingestors(check_crc: bool = True) -> list[Ingestor]:

@@ -11,7 +11,7 @@ from conftest import DATA, ingest_paths, q
 from tensorboardX import SummaryWriter
 from writers import tbx_scalars
 
-from ingest import pipeline
+from ingest import manifest
 
 
 def _snapshot(store):
@@ -138,7 +138,7 @@ def test_a_big_event_file_rewritten_in_the_middle_is_read_again(store, tmp_path)
     f = tbx_scalars(tmp_path / "run", {"loss": [(s, 1.0) for s in range(2000)]})
     data = f.read_bytes()
     first = 16 + int.from_bytes(data[:8], "little")  # the file_version record, then 2000 scalars
-    copies = pipeline.FULL_HASH_BYTES // (len(data) - first) + 1
+    copies = manifest.FULL_HASH_BYTES // (len(data) - first) + 1
     f.write_bytes(data[:first] + data[first:] * copies)  # the same records again: resumed writers
     ingest_paths(store, tmp_path / "run")
     data = f.read_bytes()

@@ -1,9 +1,10 @@
-"""Staging changes to a store and publishing them as one new metadata generation.
+"""Staging changes to a store; `commit()` publishes them as one new metadata generation.
 
 Every part is written to a temporary name and renamed, with its size and sha256 recorded in the
-generation (`parts`); every generation is written to a temporary folder with a manifest of its
-tables and renamed before CURRENT names it. A full disk stops the writer with a StoreError and
-leaves the previous generation in force.
+generation (`parts`). The writer stages rows and parts and calls the modules that do the rest:
+`commit.py` publishes a generation, `garbage.py` removes what no kept generation refers to (when
+a writer opens the store), `compaction.py` merges small parts. A full disk stops the writer with
+a StoreError and leaves the previous generation in force.
 """
 
 from __future__ import annotations
@@ -11,30 +12,24 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import os
-import shutil
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import polars as pl
 
+import workbench.store.commit as commit_mod
+import workbench.store.compaction as compaction
+import workbench.store.garbage as garbage
 import workbench.store.integrity as integrity
 import workbench.store.layout as layout
 import workbench.store.parts as parts_mod
 import workbench.store.schema as schema
 from workbench.errors import StoreError
+from workbench.store.commit import Derive
 from workbench.store.points import Points
-from workbench.store.sql import duckdb_config, glob_literal
-from workbench.store.views import view_statements
 
 CLI_LABEL_ORIGIN = "workbench label"
-# a table computed from a generation before it is published (lineage, source agreement), given
-# the views of the new generation, the table's rows in the previous one and the runs whose
-# files changed in this commit
-Derive = Callable[[duckdb.DuckDBPyConnection, pl.DataFrame, set[str]], pl.DataFrame]
 
 
 @contextlib.contextmanager
@@ -71,7 +66,6 @@ def chunk_row(chunk_id: int, run_id: str, path: str, source: str, start: int, en
     }
 
 
-COMPACT_AT = 256  # own scalar parts in a generation past which a commit merges them into one file
 SHARED_ROWS = 1 << 22  # points of small chunks gathered before they are written as one file
 
 
@@ -109,7 +103,7 @@ class StoreWriter:
         self.derive_errors: dict[str, str] = {}  # derived table -> why the last one was kept
         # above every chunk a kept generation lists (a reader may still be on the previous one,
         # whose dropped chunks' parts must not be overwritten by new ones of the same name)
-        self.next_chunk_id = max(self.next_chunk_id, self._collect_garbage() + 1)
+        self.next_chunk_id = max(self.next_chunk_id, garbage.collect(root, self.previous) + 1)
 
     # Everything is keyed by source path: a rewritten or moved file is dropped whole, then re-read.
     def drop_file(self, path: str) -> None:
@@ -378,49 +372,16 @@ class StoreWriter:
 
     def compact(self, everything: bool = False) -> int:
         """Merge the chunks' own small scalar parts (`everything`: and the compacted files, less
-        the rows of chunks dropped since) into one file sorted by run, tag and step, so that a
-        query for one run reads a few row groups instead of opening thousands of files. Only
-        the `parts` rows change (and only at commit do readers see them); the old files become
-        garbage for a later writer. Returns how many parts were merged."""
+        the rows of chunks dropped since) into one file (`workbench/store/compaction.py`). Only
+        the `parts` rows change, and only at commit do readers see them. Returns how many parts
+        were merged."""
         self._flush_parts()
-        parts = self.table("parts")
-        mine = (pl.col("kind") == "scalars") & (pl.lit(True) if everything else pl.col("file").is_null())
-        todo = parts.filter(mine).join(self.table("chunks").select("chunk_id", "run_id"), on="chunk_id")
-        files = sorted(
-            set(layout.part_files(self.root, todo["kind"], todo["run_id"], todo["chunk_id"], todo["file"]))
-        )
+        todo, files = compaction.candidates(self.root, self.table("parts"), self.table("chunks"), everything)
         if len(files) < 2:
             return 0
-        out = self._new_file()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        con = duckdb.connect(":memory:", config=duckdb_config())
-        try:
-            live = todo.select("chunk_id").to_arrow()  # noqa: F841 - read by the SQL below
-            listed = ", ".join(glob_literal(f) for f in files)
-            batches = con.sql(
-                f"SELECT p.* FROM read_parquet([{listed}]) p SEMI JOIN live USING (chunk_id) "
-                "ORDER BY run_id, tag, step, chunk_id"
-            ).to_arrow_reader(parts_mod.SHARED_ROW_GROUP)
-            parts_mod.write_batches(batches, tmp, parts_mod.SHARED_ROW_GROUP)
-        finally:
-            con.close()
-        row = parts_mod.publish("scalars", 0, 0, tmp, out)
-        merged = pl.col("chunk_id").is_in(todo["chunk_id"].implode()) & (pl.col("kind") == "scalars")
-        rel = str(out.relative_to(self.root))
-        update = {
-            "file": pl.lit(rel),
-            "size": pl.lit(row["size"]),
-            "sha256": pl.lit(row["sha256"]),
-            "mtime_ns": pl.lit(row["mtime_ns"]),
-        }
-        self.tables["parts"] = self.tables["parts"].with_columns(
-            **{c: pl.when(merged).then(v).otherwise(pl.col(c)) for c, v in update.items()}
-        )
-        self._new["parts"] = [
-            d.with_columns(**{c: pl.when(merged).then(v).otherwise(pl.col(c)) for c, v in update.items()})
-            for d in self._new["parts"]
-        ]
+        merged = compaction.merge(self.root, todo, files, self._new_file())
+        self.tables["parts"] = merged.apply(self.tables["parts"])
+        self._new["parts"] = [merged.apply(d) for d in self._new["parts"]]
         return len(files)
 
     def commit(self, derive: dict[str, Derive] | None = None, catalog: bool = True) -> Path:
@@ -435,43 +396,19 @@ class StoreWriter:
         with disk_full_is_a_store_error(self.root):
             # before the number moves on: what they write is named for the generation to come
             self._flush_parts()
-            if (
-                self.table("parts").filter(pl.col("file").is_null() & (pl.col("kind") == "scalars")).height
-                >= COMPACT_AT
-            ):
+            if compaction.due(self.table("parts")):
                 self.compact()
         self.generation += 1
-        name = f"g{self.generation:08d}"
-        meta = self.root / "meta"
-        tmp = meta / (name + ".tmp")
-        cur_tmp = self.root / "CURRENT.tmp"
-        final, published = meta / name, False
-        try:
-            with disk_full_is_a_store_error(self.root):
-                layout.sync_filesystem(self.root)  # the parts it lists are on disk before it is
-                meta.mkdir(exist_ok=True)
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir()
-                for t, sch in schema.META_TABLES.items():
-                    df = schema.conform(self.table(t), sch, t)
-                    df.write_parquet(tmp / f"{t}.parquet", compression="zstd")
-                    layout.fsync_file(tmp / f"{t}.parquet")
-                self._derive(tmp, derive or {})
-                layout.write_manifest(tmp)
-                os.replace(tmp, final)
-                layout.fsync_dir(meta)
-                cur_tmp.write_text(name + "\n")
-                layout.fsync_file(cur_tmp)
-                os.replace(cur_tmp, self.root / "CURRENT")
-                published = True
-                layout.fsync_dir(self.root)
-                layout.write_marker(self.root)
-        except BaseException:
-            if not published:  # give the space back; CURRENT still names the last generation
-                shutil.rmtree(tmp, ignore_errors=True)
-                shutil.rmtree(final, ignore_errors=True)
-                cur_tmp.unlink(missing_ok=True)
-            raise
+        with disk_full_is_a_store_error(self.root):
+            final = commit_mod.publish(
+                self.root,
+                f"g{self.generation:08d}",
+                self.table,
+                derive or {},
+                self.previous,
+                self.changed_runs,
+                self.derive_errors,
+            )
         for t in schema.META_TABLES:
             self.tables[t] = self.table(t)
             self._new[t] = []
@@ -479,101 +416,5 @@ class StoreWriter:
         self.previous = final
         self.changed_runs = set()
         if catalog:
-            self._write_catalog(final)
+            commit_mod.write_catalog(self.root, final)
         return final
-
-    def _derive(self, gen: Path, derive: dict[str, Derive]) -> None:
-        for table in schema.DERIVED_TABLES:
-            out = gen / f"{table}.parquet"
-            frame = self._derived(table, derive[table], gen) if table in derive else None
-            if frame is not None:
-                frame.write_parquet(out, compression="zstd")
-            elif self.previous is not None and (self.previous / f"{table}.parquet").exists():
-                shutil.copyfile(self.previous / f"{table}.parquet", out)
-            else:
-                continue
-            layout.fsync_file(out)
-
-    def _derived(self, table: str, hook: Derive, gen: Path) -> pl.DataFrame | None:
-        """The hook's table, or None (the last one is kept) when it fails, with the reason."""
-        con = duckdb.connect(":memory:", config=duckdb_config())
-        try:
-            for stmt in view_statements(self.root, gen):
-                con.execute(stmt)
-            before = layout.read_derived(table, self.previous)
-            return schema.conform(hook(con, before, self.changed_runs), schema.DERIVED_TABLES[table], table)
-        except Exception as e:  # noqa: BLE001 - a derived table never costs the ingested data
-            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-                raise
-            self.derive_errors[table] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            return None
-        finally:
-            con.close()
-
-    def _write_catalog(self, gen: Path) -> None:
-        """A DuckDB file with the same views, for people who open the store with the duckdb CLI.
-        Without space for it, the old one goes (it would show a generation being collected)."""
-        tmp = self.root / "catalog.duckdb.tmp"
-        tmp.unlink(missing_ok=True)
-        try:
-            con = duckdb.connect(str(tmp), config=duckdb_config())
-            try:
-                for stmt in view_statements(self.root, gen):
-                    con.execute(stmt)
-            finally:
-                con.close()
-            os.replace(tmp, self.root / "catalog.duckdb")
-            (self.root / layout.CATALOG_GENERATION).write_text(gen.name + "\n")
-        except (OSError, duckdb.IOException) as e:
-            tmp.unlink(missing_ok=True)
-            (self.root / "catalog.duckdb").unlink(missing_ok=True)
-            raise StoreError(
-                f"the new generation of {self.root} is published, but catalog.duckdb (the duckdb CLI's "
-                f"view of it) could not be written ({e}); the next ingest writes it again"
-            ) from None
-
-    def _collect_garbage(self) -> int:
-        """Remove what no live generation refers to: unpublished generations (killed writers),
-        old ones, and parts no kept generation lists. Only what is proven unreferenced goes: a
-        kept generation that cannot be read keeps every part, a file not named like a part stays.
-        Returns the highest chunk id a kept generation lists (0 for none)."""
-        meta = self.root / "meta"
-        if meta.is_dir():
-            for p in meta.iterdir():
-                if p.name.endswith(".tmp"):
-                    shutil.rmtree(p, ignore_errors=True)
-        current = self.previous  # None: nothing was ever published, all is a killed writer's
-        gens = layout.generations(self.root)
-        keep = [g for g in gens if current is not None and g <= current][-2:]  # readers may lag one
-        catalog = layout.catalog_generation(self.root)  # catalog.duckdb's views read it
-        if (
-            current is not None
-            and (self.root / "catalog.duckdb").exists()
-            and catalog in gens
-            and catalog not in keep
-        ):
-            keep.append(catalog)
-        for g in gens:
-            if g not in keep:
-                shutil.rmtree(g, ignore_errors=True)
-        live: set[Path] = set()
-        highest = 0
-        for g in keep:
-            try:
-                tables = {t: layout.read_meta(t, g) for t in ("chunks", "parts")}
-            except Exception:  # noqa: BLE001 - unreadable: which parts it lists is unknown
-                return highest
-            highest = max(highest, int(tables["chunks"]["chunk_id"].max() or 0))
-            live.update(map(Path, integrity.expected_parts(self.root, tables)["file"]))
-            chunks = tables["chunks"].filter(~pl.col("chunk_id").is_in(tables["parts"]["chunk_id"].implode()))
-            for kind in schema.PART_KINDS:  # chunks written before `parts`: their parts by name
-                n = chunks.height
-                live.update(
-                    map(Path, layout.part_files(self.root, [kind] * n, chunks["run_id"], chunks["chunk_id"]))
-                )
-        for kind in schema.PART_KINDS:
-            if (self.root / kind).is_dir():
-                for part in (self.root / kind).glob("*/*"):
-                    if layout.PART_NAME[kind].fullmatch(part.name) and part not in live:
-                        part.unlink(missing_ok=True)
-        return highest

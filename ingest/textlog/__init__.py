@@ -1,0 +1,13 @@
+"""Console and text logs: DeepSpeed, Megatron(-DeepSpeed), nanoGPT, fairseq, HF console dicts.
+
+`machine.py` is the state machine every dialect shares: the step in progress, what waits for
+the next step, wall times from timestamp prefixes, events and how the run ended. Each dialect
+is one module holding its regexes and line handlers as a `Dialect` (`deepspeed.py`,
+`megatron.py`, `nanogpt.py`, `fairseq.py`, `hf_console.py`, `loguru.py`; `checkpoints.py` and
+`crashes.py` hold the lines any dialect's run prints). `ingestor.py` lists them in `DIALECTS`,
+the order a line is offered to them, and is the reader the format registry knows.
+
+A new dialect: a module like `nanogpt.py` (patterns, a `values` handler that calls
+`p.at_step(step)` and `p.point(tag, value)`, a `DIALECT`), one line in `DIALECTS` (a
+catch-all dialect goes last), tests in `tests/formats/`.
+"""

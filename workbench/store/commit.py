@@ -1,0 +1,143 @@
+"""Publishing a new metadata generation: the tables, the derived tables, the manifest, CURRENT.
+
+Every generation is written to a temporary folder with a manifest of its tables and renamed
+before CURRENT names it; each file is fsynced, and the parts it lists are on disk before it is.
+Until CURRENT is replaced, the previous generation stays in force; a failed commit gives its
+space back. A derived table (lineage, source agreement) is computed from the new generation's
+views by a hook from above; when the hook fails, the previous one is carried over.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+import workbench.store.layout as layout
+import workbench.store.schema as schema
+from workbench.errors import StoreError
+from workbench.store.sql import duckdb_config
+from workbench.store.views import view_statements
+
+# a table computed from a generation before it is published (lineage, source agreement), given
+# the views of the new generation, the table's rows in the previous one and the runs whose
+# files changed in this commit
+Derive = Callable[[duckdb.DuckDBPyConnection, pl.DataFrame, set[str]], pl.DataFrame]
+
+
+def publish(
+    root: Path,
+    name: str,
+    table: Callable[[str], pl.DataFrame],
+    derive: dict[str, Derive],
+    previous: Path | None,
+    changed: set[str],
+    derive_errors: dict[str, str],
+) -> Path:
+    """Write generation `name` of the store at `root` from `table(t)` for every table and make
+    it current; returns its folder. `derive_errors` gets why a derived table was carried over."""
+    meta = root / "meta"
+    tmp = meta / (name + ".tmp")
+    cur_tmp = root / "CURRENT.tmp"
+    final, published = meta / name, False
+    try:
+        layout.sync_filesystem(root)  # the parts it lists are on disk before it is
+        meta.mkdir(exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for t, sch in schema.META_TABLES.items():
+            df = schema.conform(table(t), sch, t)
+            df.write_parquet(tmp / f"{t}.parquet", compression="zstd")
+            layout.fsync_file(tmp / f"{t}.parquet")
+        _derive(root, tmp, derive, previous, changed, derive_errors)
+        layout.write_manifest(tmp)
+        os.replace(tmp, final)
+        layout.fsync_dir(meta)
+        cur_tmp.write_text(name + "\n")
+        layout.fsync_file(cur_tmp)
+        os.replace(cur_tmp, root / "CURRENT")
+        published = True
+        layout.fsync_dir(root)
+        layout.write_marker(root)
+    except BaseException:
+        if not published:  # give the space back; CURRENT still names the last generation
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(final, ignore_errors=True)
+            cur_tmp.unlink(missing_ok=True)
+        raise
+    return final
+
+
+def _derive(
+    root: Path,
+    gen: Path,
+    derive: dict[str, Derive],
+    previous: Path | None,
+    changed: set[str],
+    errors: dict[str, str],
+) -> None:
+    for table in schema.DERIVED_TABLES:
+        out = gen / f"{table}.parquet"
+        frame = (
+            _derived(root, table, derive[table], gen, previous, changed, errors) if table in derive else None
+        )
+        if frame is not None:
+            frame.write_parquet(out, compression="zstd")
+        elif previous is not None and (previous / f"{table}.parquet").exists():
+            shutil.copyfile(previous / f"{table}.parquet", out)
+        else:
+            continue
+        layout.fsync_file(out)
+
+
+def _derived(
+    root: Path,
+    table: str,
+    hook: Derive,
+    gen: Path,
+    previous: Path | None,
+    changed: set[str],
+    errors: dict[str, str],
+) -> pl.DataFrame | None:
+    """The hook's table, or None (the last one is kept) when it fails, with the reason."""
+    con = duckdb.connect(":memory:", config=duckdb_config())
+    try:
+        for stmt in view_statements(root, gen):
+            con.execute(stmt)
+        before = layout.read_derived(table, previous)
+        return schema.conform(hook(con, before, changed), schema.DERIVED_TABLES[table], table)
+    except Exception as e:  # noqa: BLE001 - a derived table never costs the ingested data
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise
+        errors[table] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return None
+    finally:
+        con.close()
+
+
+def write_catalog(root: Path, gen: Path) -> None:
+    """A DuckDB file with the same views, for people who open the store with the duckdb CLI.
+    Without space for it, the old one goes (it would show a generation being collected)."""
+    tmp = root / "catalog.duckdb.tmp"
+    tmp.unlink(missing_ok=True)
+    try:
+        con = duckdb.connect(str(tmp), config=duckdb_config())
+        try:
+            for stmt in view_statements(root, gen):
+                con.execute(stmt)
+        finally:
+            con.close()
+        os.replace(tmp, root / "catalog.duckdb")
+        (root / layout.CATALOG_GENERATION).write_text(gen.name + "\n")
+    except (OSError, duckdb.IOException) as e:
+        tmp.unlink(missing_ok=True)
+        (root / "catalog.duckdb").unlink(missing_ok=True)
+        raise StoreError(
+            f"the new generation of {root} is published, but catalog.duckdb (the duckdb CLI's "
+            f"view of it) could not be written ({e}); the next ingest writes it again"
+        ) from None
