@@ -16,6 +16,7 @@ from ingest.jsonl import JsonLinesIngestor
 from ingest.keras_csv import KerasCsvLoggerIngestor
 from ingest.lightning import LightningCsvIngestor, LightningHparamsIngestor
 from ingest.mlflow import MlflowMetricIngestor, MlflowRunMetaIngestor
+from ingest.mlperf import MlperfIngestor
 from ingest.tensorboard import TensorBoardIngestor
 from ingest.textlog import TextLogIngestor
 
@@ -32,6 +33,7 @@ def make_ingestors(check_crc: bool = True) -> list[Ingestor]:
         LightningCsvIngestor(),
         KerasCsvLoggerIngestor(),
         LightningHparamsIngestor(),
+        MlperfIngestor(),
         TextLogIngestor(),
     ]
 
