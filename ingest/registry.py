@@ -18,6 +18,7 @@ from ingest.lightning import LightningCsvIngestor, LightningHparamsIngestor
 from ingest.mlflow import MlflowMetricIngestor, MlflowRunMetaIngestor
 from ingest.mlperf import MlperfIngestor
 from ingest.tensorboard import TensorBoardIngestor
+from ingest.wandb_offline import WandbRunIngestor
 from ingest.textlog import TextLogIngestor
 
 
@@ -26,6 +27,7 @@ def make_ingestors(check_crc: bool = True) -> list[Ingestor]:
         TensorBoardIngestor(check_crc=check_crc),
         MlflowMetricIngestor(),
         MlflowRunMetaIngestor(),
+        WandbRunIngestor(),
         HFTrainerIngestor(),
         DeepSpeedConfigIngestor(),
         JsonLinesIngestor(),

@@ -244,6 +244,19 @@ def tensorboard(folder: Path) -> dict:
     return out
 
 
+def keras_csv(path: Path) -> dict:
+    """Keras CSVLogger with append=True: each fit restarts its epoch at 0; the run's step is the
+    number of epochs trained before the row (the fits follow each other)."""
+    rows = list(csv.DictReader(io.StringIO(text(path))))
+    s: dict = {}
+    for i, r in enumerate(rows):
+        assert int(r["epoch"]) == 0 or int(r["epoch"]) == int(rows[i - 1]["epoch"]) + 1
+        for k, v in r.items():
+            if v != "":
+                add(s, k, i, float(v))
+    return summarise(s, "Keras CSVLogger rows; step = epochs trained before the row (fits restart at epoch 0)")
+
+
 def plain_lines(path: Path, sep: str) -> dict:
     """`step 120 | loss 2.3 | ...` (sep '|'), `step: 120 loss: 2.3 ...` (':'), `step=120 loss=2.3` ('=')."""
     s: dict = {}
@@ -291,6 +304,13 @@ def counts() -> dict:
         put(f"mlperf/{f.name}", mlperf(f))
     for f in sorted((REAL / "wandb_offline").glob("*/*.logged.jsonl")):
         put(f"wandb_offline/{f.parent.name}/{f.name}", wandb_logged(f))
+    d03 = REAL / "defects/d03_gz"
+    for f in sorted((d03 / "hf_whisper").glob("*.gz")):
+        if f.name.startswith("trainer_state"):
+            put(f"defects/d03_gz/hf_whisper/{f.name}", hf_state(f))
+    put("defects/d03_gz/lightning_version_0/metrics.csv.gz", csv_log(d03 / "lightning_version_0/metrics.csv.gz", "step"))
+    put("defects/d03_gz/keras_csvlogger/training.log.gz", keras_csv(d03 / "keras_csvlogger/training.log.gz"))
+    put("defects/d07_llamafactory_throughput/trainer_log.jsonl", jsonl(REAL / "defects/d07_llamafactory_throughput/trainer_log.jsonl", "current_steps"))
     return out
 
 
