@@ -236,11 +236,49 @@ def csv_log(path: Path, step_col: str) -> dict:
 def tensorboard(folder: Path) -> dict:
     from tbparse import SummaryReader
 
-    df = SummaryReader(str(folder), pivot=False, extra_columns={"dir_name"}).scalars
-    out: dict = {"_how": "tbparse SummaryReader scalars, per sub-folder (dir_name) and tag"}
-    for (d, tag), g in df.groupby(["dir_name", "tag"]):
-        pts = dict(zip(g["step"].astype(int), g["value"].astype(float), strict=True))
-        out[f"{d}/{tag}" if d else tag] = summarise({tag: pts}, "")[tag]
+    reader = SummaryReader(str(folder), pivot=False, extra_columns={"dir_name"})
+    out: dict = {
+        "_how": "tbparse SummaryReader scalars and 0-d numeric tensors (TF2 tf.summary.scalar), "
+        "per sub-folder (dir_name) and tag"
+    }
+    for df in (reader.scalars, reader.tensors):
+        if not len(df):
+            continue
+        for (d, tag), g in df.groupby(["dir_name", "tag"]):
+            try:
+                values = [float(v) for v in g["value"]]
+            except (TypeError, ValueError):  # a string tensor (the Keras model config)
+                continue
+            pts = dict(zip(g["step"].astype(int), values, strict=True))
+            out[f"{d}/{tag}" if d else tag] = summarise({tag: pts}, "")[tag]
+    return out
+
+
+def lfs_pointer(path: Path) -> dict:
+    lines = path.read_text().splitlines()
+    assert lines[0] == "version https://git-lfs.github.com/spec/v1"
+    fields = dict(line.split(" ", 1) for line in lines[1:])
+    return {"_how": "a Git LFS pointer file (no event data)", "_lfs": fields}
+
+
+def checkpoints(folder: Path) -> dict:
+    """Each checkpoint's metadata sha256 against the sha256 of the file and of its archive copy."""
+    import hashlib
+    import subprocess
+
+    out: dict = {"_how": "sha256 of ckpt_N.pt, of the ckpt_N.pt inside ckpt_N.tar.zst, and ckpt_N.json's sha256"}
+    for meta_path in sorted(folder.glob("ckpt_*.json")):
+        meta = json.loads(meta_path.read_text())
+        pt = meta_path.with_suffix(".pt")
+        archived = subprocess.run(
+            ["tar", "--zstd", "-xOf", str(meta_path.with_suffix(".tar.zst")), pt.name], capture_output=True, check=True
+        ).stdout
+        out[meta_path.stem] = {
+            "step": meta["step"],
+            "metadata_sha256": meta["sha256"],
+            "file_sha256": hashlib.sha256(pt.read_bytes()).hexdigest(),
+            "archive_sha256": hashlib.sha256(archived).hexdigest(),
+        }
     return out
 
 
@@ -311,6 +349,27 @@ def counts() -> dict:
     put("defects/d03_gz/lightning_version_0/metrics.csv.gz", csv_log(d03 / "lightning_version_0/metrics.csv.gz", "step"))
     put("defects/d03_gz/keras_csvlogger/training.log.gz", keras_csv(d03 / "keras_csvlogger/training.log.gz"))
     put("defects/d07_llamafactory_throughput/trainer_log.jsonl", jsonl(REAL / "defects/d07_llamafactory_throughput/trainer_log.jsonl", "current_steps"))
+    for name in ("d05_keras_tb_validation", "d10_keras_mixed_axes"):
+        put(f"defects/{name}/logs", tensorboard(REAL / "defects" / name / "logs"))
+    d01 = REAL / "defects/d01_checkpoints_output_dir/checkpoints"
+    put("defects/d01_checkpoints_output_dir/checkpoints/trainer_state.json", hf_state(d01 / "trainer_state.json"))
+    put("defects/d01_checkpoints_output_dir/checkpoints/runs", tensorboard(d01 / "runs"))
+    put("defects/d06_checkpoint_alone/checkpoint-40/trainer_state.json", hf_state(REAL / "defects/d06_checkpoint_alone/checkpoint-40/trainer_state.json"))
+    for name in ("only_final_train_loss", "trl_sft_last_entry"):
+        put(f"defects/d08_final_entry/{name}/trainer_state.json", hf_state(REAL / f"defects/d08_final_entry/{name}/trainer_state.json"))
+    for f in sorted((REAL / "defects/d09_lfs_pointer/runs").glob("*/events.out.tfevents.*")):
+        put(f"defects/d09_lfs_pointer/runs/{f.parent.name}/{f.name}", lfs_pointer(f))
+    put("defects/d09_lfs_pointer/trainer_state.json", hf_state(REAL / "defects/d09_lfs_pointer/trainer_state.json"))
+    d16 = REAL / "defects/d16_checkpoint_sha_mismatch"
+    put("defects/d16_checkpoint_sha_mismatch/checkpoints", checkpoints(d16 / "checkpoints"))
+    put("defects/d16_checkpoint_sha_mismatch/metrics.jsonl", jsonl(d16 / "metrics.jsonl"))
+    custom = REAL / "custom_names"
+    for key in ("it", "iter", "iteration", "global_step", "_step", "trainer/global_step", "batch"):
+        folder = f"jsonl_{key.replace('/', '_')}"
+        put(f"custom_names/{folder}/metrics.jsonl", jsonl(custom / folder / "metrics.jsonl", key))
+    put("custom_names/tb_tutorial_names", tensorboard(custom / "tb_tutorial_names"))
+    for style, sep in (("pipes", "|"), ("colon", ":"), ("equals", "=")):
+        put(f"custom_names/console_{style}/stdout.log", plain_lines(custom / f"console_{style}/stdout.log", sep))
     return out
 
 

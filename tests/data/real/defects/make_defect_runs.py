@@ -167,21 +167,17 @@ def git(*args: str, cwd: Path, env: dict | None = None) -> None:
 
 def d09(out: Path, d01_run: Path) -> None:
     """A Hub-style repository of d01's output folder, cloned without git-lfs."""
-    origin = out / "_lfs_origin"
     work = out / "_lfs_work"
     shutil.copytree(d01_run / "checkpoints", work, ignore=shutil.ignore_patterns("checkpoint-*"))
     ident = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    git("init", "-q", "--bare", str(origin), cwd=out)
-    git("init", "-q", cwd=work)
+    git("init", "-q", "-b", "main", cwd=work)
     git("lfs", "install", "--local", cwd=work)
     (work / ".gitattributes").write_text("*tfevents* filter=lfs diff=lfs merge=lfs -text\n")
     git("add", "-A", cwd=work)
     git("commit", "-qm", "upload", cwd=work, env=ident)
-    git("push", "-q", str(origin), "HEAD:refs/heads/main", cwd=work)
     clone = out / "d09_lfs_pointer"
-    git("clone", "-q", "-b", "main", str(origin), str(clone), cwd=out, env={"GIT_LFS_SKIP_SMUDGE": "1"})
+    git("clone", "-q", str(work), str(clone), cwd=out, env={"GIT_LFS_SKIP_SMUDGE": "1"})
     shutil.rmtree(clone / ".git")
-    shutil.rmtree(origin)
     shutil.rmtree(work)
 
 
@@ -212,14 +208,14 @@ def d16(out: Path) -> None:
                 torch.save({"model": model.state_dict(), "step": step}, folder / "ckpt_100.pt")
 
 
-def main(out: Path) -> None:
+def main(out: Path, only: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    run = d01(out)
-    d06(out, run)
-    d09(out, run)
-    d08(out)
-    d16(out)
+    run = out / "d01_checkpoints_output_dir"
+    steps = {"d01": lambda: d01(out), "d06": lambda: d06(out, run), "d09": lambda: d09(out, run), "d08": lambda: d08(out), "d16": lambda: d16(out)}
+    for name, make in steps.items():
+        if not only or name in only:
+            make()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2:])
