@@ -354,7 +354,9 @@ def counts() -> dict:
     d01 = REAL / "defects/d01_checkpoints_output_dir/checkpoints"
     put("defects/d01_checkpoints_output_dir/checkpoints/trainer_state.json", hf_state(d01 / "trainer_state.json"))
     put("defects/d01_checkpoints_output_dir/checkpoints/runs", tensorboard(d01 / "runs"))
-    put("defects/d06_checkpoint_alone/checkpoint-40/trainer_state.json", hf_state(REAL / "defects/d06_checkpoint_alone/checkpoint-40/trainer_state.json"))
+    for where in ("checkpoint-40", "hub_repo_root"):
+        rel = f"defects/d06_checkpoint_alone/{where}/trainer_state.json"
+        put(rel, hf_state(REAL / rel))
     for name in ("only_final_train_loss", "trl_sft_last_entry"):
         put(f"defects/d08_final_entry/{name}/trainer_state.json", hf_state(REAL / f"defects/d08_final_entry/{name}/trainer_state.json"))
     for f in sorted((REAL / "defects/d09_lfs_pointer/runs").glob("*/events.out.tfevents.*")):
