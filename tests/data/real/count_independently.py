@@ -314,6 +314,21 @@ def plain_lines(path: Path, sep: str) -> dict:
     return summarise(s, f"progress lines `step{sep}N key{sep}value ...`")
 
 
+def deepspeed_console(path: Path) -> dict:
+    """DeepSpeed's `step=N, skipped=K, lr=[...]` lines, and its checkpoint loads."""
+    s: dict = {}
+    loads = []
+    for i, line in enumerate(text(path).splitlines(), 1):
+        if m := re.search(r"\] step=(\d+), skipped=(\d+), lr=\[([^\]]+)\]", line):
+            add(s, "skipped", int(m[1]), float(m[2]))
+            add(s, "lr", int(m[1]), float(m[3].split(",")[0]))
+        elif m := re.search(r"Begin Load checkpoint from \S*global_step(\d+)/(\S+)\.\.\.", line):
+            loads.append({"line": i, "step": int(m[1]), "file": m[2]})
+    out = summarise(s, "DeepSpeed `step=N, skipped=K, lr=[x]` lines; `Begin Load checkpoint from .../global_stepN/FILE...` lines")
+    out["_checkpoint_loads"] = loads
+    return out
+
+
 def wandb_logged(path: Path) -> dict:
     """What the training loop passed to wandb.log (its own record), for the run's .wandb history."""
     return jsonl(path, "step") | {"_how": "the loop's own record of each wandb.log call (step = `step`)"}
@@ -365,6 +380,9 @@ def counts() -> dict:
     d16 = REAL / "defects/d16_checkpoint_sha_mismatch"
     put("defects/d16_checkpoint_sha_mismatch/checkpoints", checkpoints(d16 / "checkpoints"))
     put("defects/d16_checkpoint_sha_mismatch/metrics.jsonl", jsonl(d16 / "metrics.jsonl"))
+    d11 = REAL / "defects/d11_deepspeed_resume_after_ckpt150"
+    for name in ("stdout.log", "resume.stdout.log"):
+        put(f"defects/d11_deepspeed_resume_after_ckpt150/{name}", deepspeed_console(d11 / name))
     custom = REAL / "custom_names"
     for key in ("it", "iter", "iteration", "global_step", "_step", "trainer/global_step", "batch"):
         folder = f"jsonl_{key.replace('/', '_')}"
