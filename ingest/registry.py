@@ -18,8 +18,8 @@ from ingest.lightning import LightningCsvIngestor, LightningHparamsIngestor
 from ingest.mlflow import MlflowMetricIngestor, MlflowRunMetaIngestor
 from ingest.mlperf import MlperfIngestor
 from ingest.tensorboard import TensorBoardIngestor
-from ingest.wandb_offline import WandbRunIngestor
 from ingest.textlog import TextLogIngestor
+from ingest.wandb_offline import WandbRunIngestor
 
 
 def make_ingestors(check_crc: bool = True) -> list[Ingestor]:
