@@ -16,8 +16,10 @@ from ingest.jsonl import JsonLinesIngestor
 from ingest.keras_csv import KerasCsvLoggerIngestor
 from ingest.lightning import LightningCsvIngestor, LightningHparamsIngestor
 from ingest.mlflow import MlflowMetricIngestor, MlflowRunMetaIngestor
+from ingest.mlperf import MlperfIngestor
 from ingest.tensorboard import TensorBoardIngestor
 from ingest.textlog.ingestor import TextLogIngestor
+from ingest.wandb_offline import WandbRunIngestor
 
 
 def make_ingestors(check_crc: bool = True) -> list[Ingestor]:
@@ -25,6 +27,7 @@ def make_ingestors(check_crc: bool = True) -> list[Ingestor]:
         TensorBoardIngestor(check_crc=check_crc),
         MlflowMetricIngestor(),
         MlflowRunMetaIngestor(),
+        WandbRunIngestor(),
         HFTrainerIngestor(),
         DeepSpeedConfigIngestor(),
         JsonLinesIngestor(),
@@ -32,6 +35,7 @@ def make_ingestors(check_crc: bool = True) -> list[Ingestor]:
         LightningCsvIngestor(),
         KerasCsvLoggerIngestor(),
         LightningHparamsIngestor(),
+        MlperfIngestor(),
         TextLogIngestor(),
     ]
 
