@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import DATA
 
 from workbench.cli import main
@@ -146,10 +147,16 @@ def test_exit_codes(tmp_path):
     assert nostore.returncode == 1 and "workbench ingest" in nostore.stderr
 
 
-@pytest.mark.parametrize("cmd", sorted(main.commands))
-def test_every_command_has_help_with_an_example(cmd, tmp_path):
-    p = wb(cmd, "--help", store=tmp_path)
-    assert "Example:" in p.stdout and "workbench " in p.stdout.split("Example:")[1]
+@pytest.mark.parametrize("cmd", [None, *sorted(main.commands)])
+def test_every_command_has_help_ending_with_an_example(cmd):
+    """The last paragraph of the help text (before the options) is `Example:` and command lines."""
+    p = CliRunner().invoke(main, [*([cmd] if cmd else []), "--help"], prog_name="workbench")
+    assert p.exit_code == 0, p.output
+    text = p.output.split("\nOptions:")[0].rstrip()
+    head, *lines = [ln.strip() for ln in text.split("\n\n")[-1].splitlines()]
+    assert head == "Example:" and lines
+    assert all(ln.startswith("workbench ") for ln in lines), lines
+    assert any(ln.startswith(f"workbench {cmd or ''}") for ln in lines)
 
 
 def test_label_command_overrides_and_is_reported(tmp_path):
