@@ -37,7 +37,8 @@ def data_copy(tmp_path) -> Path:
 
 
 def q(store: Store, sql: str) -> pl.DataFrame:
-    return store.connect().sql(sql).pl()
+    """A one-shot query, as `workbench sql` makes it: only the views it reads are created."""
+    return store.connect(sql).sql(sql).pl()
 
 
 def ingest_paths(store: Store, *paths: Path, **kw):

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ingest_paths, q
+from conftest import DATA, ingest_paths
 
 from workbench.cli import main
 
@@ -23,7 +23,8 @@ def test_every_command_is_in_the_readme(cmd):
 
 def test_every_view_is_in_the_readme(store):
     ingest_paths(store, DATA / "generated" / "tbx_run")
-    views = q(store, "SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY view_name")
-    public = [v for v in views["view_name"] if not v.startswith("_")]
+    con = store.connect()  # every view
+    views = con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY view_name").fetchall()
+    public = [v for (v,) in views if not v.startswith("_")]
     assert {"runs", "scalars", "scalars_all", "events", "alerts", "labels"} <= set(public)
     assert [v for v in public if f"`{v}`" not in README] == []
