@@ -76,10 +76,15 @@ def sample_runs_store(sample_runs_ingest) -> Store:
 
 
 @pytest.fixture(scope="session")
-def replayed_sample_runs(sample_runs_store, tmp_path_factory) -> Store:
-    """A copy of the sample_runs store with the built-ins' alerts (`workbench replay`). Read only."""
+def sample_runs_replay(sample_runs_store, tmp_path_factory):
+    """A copy of the sample_runs store with the built-ins' alerts (`workbench replay`), and the
+    replay's result. Read only."""
     from detectors.replay import replay
 
     store = copy_store(sample_runs_store, tmp_path_factory.mktemp("replayed"))
-    replay(store, None, None)
-    return store
+    return store, replay(store, None, None)
+
+
+@pytest.fixture(scope="session")
+def replayed_sample_runs(sample_runs_replay) -> Store:
+    return sample_runs_replay[0]

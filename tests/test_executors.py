@@ -25,8 +25,8 @@ SAMPLES = ROOT / "sample_runs"
 
 
 @pytest.fixture(scope="module")
-def samples(sample_runs_store, tmp_path_factory) -> Store:
-    return copy_store(sample_runs_store, tmp_path_factory.mktemp("samples"))  # the tests replay into it
+def samples(sample_runs_replay, tmp_path_factory) -> Store:
+    return copy_store(sample_runs_replay[0], tmp_path_factory.mktemp("samples"))  # the tests replay into it
 
 
 def _alerts(store: Store):
@@ -34,10 +34,10 @@ def _alerts(store: Store):
 
 
 @pytest.fixture(scope="module")
-def in_process(samples):
-    """What replay and backtest give in this process, without an executor: each executor is
-    compared with it. (replay result, the alerts it stored, the backtest JSON)"""
-    want = replay(samples, None, None)
+def in_process(sample_runs_replay, samples):
+    """What replay and backtest give without an executor argument, which each executor is
+    compared with: (the replay's result, the alerts it stored, the backtest JSON)."""
+    want = sample_runs_replay[1]  # `samples` is a copy of the store that replay wrote
     return want, _alerts(samples), backtest(samples, None, None, Settings(bootstrap=20)).to_json()
 
 
