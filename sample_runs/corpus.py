@@ -26,14 +26,10 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-import generate  # noqa: E402
-import labels  # noqa: E402
-from generate import Spec  # noqa: E402
-from moe import SPEC_ENV, MoESpec  # noqa: E402
+import labels
+from specs import SPEC_ENV, MoESpec, Spec
+from trainers import generate_run
+from training import drop_weights
 
 N = 250  # steps of most corpus runs
 
@@ -351,8 +347,8 @@ def _one(args: tuple[Path, Spec]) -> tuple[str, float]:
     os.environ[SPEC_ENV] = json.dumps(asdict(spec))  # the DeepSpeed worker reads its spec here
     t0 = time.time()
     with open(os.devnull, "w") as quiet, _redirect(quiet):
-        generate.generate(spec, out)
-    generate.drop_weights(out / spec.name)
+        generate_run(spec, out)
+    drop_weights(out / spec.name)
     return spec.name, time.time() - t0
 
 

@@ -292,7 +292,6 @@ def write_labels_and_readme(out: Path, specs) -> None:
 
 
 if __name__ == "__main__":  # relabel the committed runs without training them again
-    import moe  # noqa: F401  adds the MoE and memory-budget runs to SPECS
-    from generate import HERE, RECOVERY, SPECS
+    from specs import RECOVERY, SPECS
 
-    write_labels_and_readme(HERE, [*SPECS, RECOVERY])
+    write_labels_and_readme(Path(__file__).resolve().parent, [*SPECS, RECOVERY])

@@ -1,4 +1,4 @@
-"""MoE runs and memory-budget runs for sample_runs/ (imported by generate.py, which runs them).
+"""MoE runs and memory-budget runs for sample_runs/ (their specs are in specs.py; trainers.py runs them).
 
 The MoE runs train `moe_model.MoETinyLM` (top-k routed experts with the Switch balance loss) on
 the same synthetic language as the other runs and log per step what MoE trainers log:
@@ -32,98 +32,13 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
+from specs import SPEC_ENV, MoESpec
+from training import Loggers, lr_at, rss_gb, save_checkpoint
+
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-import generate  # noqa: E402
-from generate import Spec  # noqa: E402
-
-SPEC_ENV = "SAMPLE_RUNS_SPEC"  # a child process's spec, as JSON
-
-
-@dataclass
-class MoESpec(Spec):
-    trainer: str = "moe"
-    experts: int = 8  # 0: the dense TinyLM (the memory-budget runs)
-    top_k: int = 1
-    aux_coef: float = 0.01  # Switch Transformer's default
-    bias_rate: float = 0.0  # > 0: DeepSeek-V3 aux-loss-free balancing, bias step per update
-    batch: int = 16
-    probe_seqs: int = 0  # a per-step probe-loss metric on this many held-out sequences
-    memory_budget_gb: float = 0.0  # > 0: run under the supervisor, killed past the budget
-
-
-MOE_SPECS: list[Spec] = [
-    MoESpec(
-        "healthy_moe_top1",
-        "healthy",
-        "a healthy MoE run: 8 experts, top-1 (Switch), balance-loss coefficient 0.01",
-        seed=20,
-        writers=("tb", "jsonl"),
-    ),
-    MoESpec(
-        "healthy_moe_top2",
-        "healthy",
-        "a healthy MoE run: 16 experts, top-2 (Mixtral-style gates), wider model, DeepSeek-V3-style "
-        "aux-loss-free bias balancing (step 0.001) with a small 0.001 balance loss",
-        seed=21,
-        d_model=48,
-        lr=2e-3,
-        experts=16,
-        top_k=2,
-        aux_coef=0.001,
-        bias_rate=0.001,
-        writers=("tb",),
-    ),
-    MoESpec(
-        "moe_router_collapse",
-        "router_collapse",
-        "at step 150 a resumed config sets the balance-loss coefficient to -0.1 (a sign typo): the "
-        "term now rewards imbalance, the busiest expert draws ever more tokens until it takes them all",
-        seed=22,
-        writers=("jsonl",),
-        bugs={"aux_coef": (150, -0.1)},
-    ),
-    MoESpec(
-        "moe_balance_loss_dominates",
-        "balance_loss_dominates",
-        "at step 40 a resumed config sets the balance-loss coefficient to 500 (5e2 typed for 5e-3): the "
-        "balance loss is almost all of the total and the LM loss stalls far above the healthy runs'",
-        seed=23,
-        writers=("tb",),
-        bugs={"aux_coef": (40, 500.0)},
-    ),
-    MoESpec(
-        "healthy_memory_budget",
-        "healthy",
-        "a healthy run logging RSS against a 1.5 GB budget; its probe metric is computed under "
-        "torch.no_grad() and kept as a number",
-        seed=24,
-        experts=0,
-        probe_seqs=64,
-        memory_budget_gb=1.5,
-        writers=("tb", "text"),
-    ),
-    MoESpec(
-        "memory_leak_oom",
-        "memory_leak",
-        "from step 150 the probe metric runs without torch.no_grad() and its loss tensors are kept: "
-        "each step's activations stay alive until RSS passes the 1.5 GB budget and the job is "
-        "OOM-killed (SIGKILL, no clean exit)",
-        seed=25,
-        experts=0,
-        probe_seqs=64,
-        memory_budget_gb=1.5,
-        writers=("tb", "text"),
-        bugs={"probe_leak": 150},
-    ),
-]
-_names = {s.name for s in generate.SPECS}
-generate.SPECS.extend(s for s in MOE_SPECS if s.name not in _names)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +83,7 @@ def train_moe(spec: MoESpec, run: Path) -> None:
     if moe:
         groups.append({"params": routers})
     opt = torch.optim.AdamW(groups, lr=spec.lr, weight_decay=spec.weight_decay)
-    logs = generate.Loggers(run, spec.writers)
+    logs = Loggers(run, spec.writers)
     if logs.tb is not None:
         hp = {"lr": spec.lr, "d_model": spec.d_model, "seed": spec.seed, "batch_size": spec.batch}
         if moe:
@@ -181,7 +96,7 @@ def train_moe(spec: MoESpec, run: Path) -> None:
     b = spec.bugs
     for step in range(spec.steps):
         coef = aux_coef_at(spec, step)
-        lr = generate.lr_at(spec, step)
+        lr = lr_at(spec, step)
         opt.param_groups[0]["lr"] = lr
         if moe:
             opt.param_groups[1]["lr"] = lr * router_lr_mult(spec, step)
@@ -228,7 +143,7 @@ def train_moe(spec: MoESpec, run: Path) -> None:
             with torch.set_grad_enabled(leak):
                 probe_hist.append(model(probe[:, :-1], probe[:, 1:])["loss"])
             metrics["train/probe_loss"] = float(torch.stack(probe_hist[-20:]).mean())
-        rss = generate.rss_gb()
+        rss = rss_gb()
         metrics["memory/rss_gb"] = rss
         if spec.memory_budget_gb:
             metrics["memory/budget_gb"] = spec.memory_budget_gb
@@ -242,7 +157,7 @@ def train_moe(spec: MoESpec, run: Path) -> None:
                 if w is not None:
                     w.flush()
         if step % 50 == 0 and step > 0:
-            generate.save_checkpoint(model, opt, run, spec, step)
+            save_checkpoint(model, opt, run, spec, step)
     logs.close()
 
 

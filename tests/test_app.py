@@ -21,13 +21,8 @@ APP = str(ROOT / "app.py")
 
 
 @pytest.fixture(scope="module")
-def sample_store(tmp_path_factory):
-    from detectors.replay import replay
-
-    store = Store(tmp_path_factory.mktemp("app") / "store")
-    ingest_paths(store, ROOT / "sample_runs")
-    replay(store, None, None)
-    return store
+def sample_store(replayed_sample_runs):
+    return replayed_sample_runs  # the app only reads
 
 
 @pytest.fixture

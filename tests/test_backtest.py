@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from conftest import ingest_paths
+from conftest import cli
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
@@ -26,7 +26,6 @@ from detectors.rules import Rule
 from detectors.scoring import fisher_greater, outcomes
 from detectors.streaks import ALERT_SCHEMA
 from detectors.tuning import TUNE_FIELDS, _Counts, folds_of, pick, run_groups, tune_rule
-from workbench.store import Store
 
 ROOT = Path(__file__).parent.parent
 GOLDEN = Path(__file__).parent / "golden" / "backtest_guides.json"
@@ -141,10 +140,8 @@ def test_sweep_frontier_and_budget():
 
 
 @pytest.fixture(scope="module")
-def sample_store(tmp_path_factory):
-    s = Store(tmp_path_factory.mktemp("bt") / "store")
-    ingest_paths(s, ROOT / "sample_runs")
-    return s
+def sample_store(sample_runs_store):
+    return sample_runs_store  # backtests only read
 
 
 def _round(x):
@@ -474,28 +471,13 @@ def test_golden_summary_of_the_builtins(sample_store):
     assert ens["recall"] >= 0.9 and ens["trigger_rate_healthy"] == 0.0
 
 
-def test_cli_summary_and_tune(sample_store, tmp_path):
-    def cli(*args):
-        p = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "workbench",
-                "backtest",
-                "--store",
-                str(sample_store.root),
-                "--bootstrap",
-                "20",
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "COLUMNS": "250"},
-        )
-        assert p.returncode == 0, p.stderr
+def test_cli_summary_and_tune(sample_store):
+    def backtest_cli(*args):
+        p = cli("backtest", "--bootstrap", "20", *args, store=sample_store, columns=250)
+        assert p.exit_code == 0, p.stderr
         return p.stdout
 
-    text = cli("--summary")
+    text = backtest_cli("--summary")
     for needle in (
         "first trigger",
         "trig fail",
@@ -506,18 +488,14 @@ def test_cli_summary_and_tune(sample_store, tmp_path):
         "knees missed",
     ):
         assert needle in text
-    rows = cli("--summary", "--format", "csv").splitlines()
+    rows = backtest_cli("--summary", "--format", "csv").splitlines()
     assert rows[0].split(",")[:3] == ["rule", "params", "runs_evaluable"] and len(rows) > 20
-    tuned = cli(
+    tuned = backtest_cli(
         "--rules", str(ROOT / "detectors/guides.toml"), "--tune", "--holdout", "*spike*", "--budget", "0.5"
     )
     assert "cross-val recall / FA" in tuned and "holdout (2 runs) picked" in tuned
-    bad = subprocess.run(
-        [sys.executable, "-m", "workbench", "backtest", "--store", str(sample_store.root), "--folds", "3"],
-        capture_output=True,
-        text=True,
-    )
-    assert bad.returncode != 0 and "--tune" in bad.stderr
+    bad = cli("backtest", "--folds", "3", store=sample_store)
+    assert bad.exit_code != 0 and "--tune" in bad.stderr
 
 
 @settings(deadline=None, max_examples=80)

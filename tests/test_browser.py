@@ -20,9 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ingest_paths, q
-
-from workbench.store import Store
+from conftest import copy_store, ingest_paths, q
 
 ROOT = Path(__file__).parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -44,16 +42,12 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return Store(tmp_path_factory.mktemp("browser") / "store")
+def store(replayed_sample_runs, tmp_path_factory):
+    return copy_store(replayed_sample_runs, tmp_path_factory.mktemp("browser"))  # the test ingests into it
 
 
 @pytest.fixture(scope="module")
 def server(store):
-    from detectors.replay import replay
-
-    ingest_paths(store, ROOT / "sample_runs")
-    replay(store, None, None)
     port = free_port()
     env = {**os.environ, "WORKBENCH_STORE": str(store.root)}
     proc = subprocess.Popen(

@@ -1,4 +1,5 @@
-"""The CLI as a user drives it: stdout carries only results, exit codes, messages."""
+"""The CLI as a user drives it (`python -m workbench`): stdout carries only results, exit codes,
+messages. What a command prints, where the process is not the point, runs in process (cli)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DATA
+from click.testing import CliRunner
+from conftest import DATA, cli, ingest_paths, q
 
 from workbench.cli import main
 from workbench.render import NOTES_QUERY
+from workbench.store import Store
 
 GEN = DATA / "generated"
 ROOT = Path(__file__).parent.parent
@@ -146,25 +149,29 @@ def test_exit_codes(tmp_path):
     assert nostore.returncode == 1 and "workbench ingest" in nostore.stderr
 
 
-@pytest.mark.parametrize("cmd", sorted(main.commands))
-def test_every_command_has_help_with_an_example(cmd, tmp_path):
-    p = wb(cmd, "--help", store=tmp_path)
-    assert "Example:" in p.stdout and "workbench " in p.stdout.split("Example:")[1]
+@pytest.mark.parametrize("cmd", [None, *sorted(main.commands)])
+def test_every_command_has_help_ending_with_an_example(cmd):
+    """The last paragraph of the help text (before the options) is `Example:` and command lines."""
+    p = CliRunner().invoke(main, [*([cmd] if cmd else []), "--help"], prog_name="workbench")
+    assert p.exit_code == 0, p.output
+    text = p.output.split("\nOptions:")[0].rstrip()
+    head, *lines = [ln.strip() for ln in text.split("\n\n")[-1].splitlines()]
+    assert head == "Example:" and lines
+    assert all(ln.startswith("workbench ") for ln in lines), lines
+    assert any(ln.startswith(f"workbench {cmd or ''}") for ln in lines)
 
 
 def test_label_command_overrides_and_is_reported(tmp_path):
     store = tmp_path / "s"
-    wb("ingest", GEN / "tbx_run", store=store)
+    ingest_paths(Store(store), GEN / "tbx_run")
     assert (
         wb(
             "label", "run_a", "--outcome", "failed", "--onset", "120", "--kind", "loss_spike", store=store
         ).stdout
         == ""
     )
-    rows = wb(
-        "sql", "SELECT run_id, outcome, onset, kind, source FROM labels", "--format", "csv", store=store
-    ).stdout
-    assert rows.splitlines()[1] == "run_a,failed,120,loss_spike,manual"
+    rows = q(Store(store), "SELECT run_id, outcome, onset, kind, source FROM labels").rows()
+    assert rows == [("run_a", "failed", 120, "loss_spike", "manual")]
     bad = wb("label", "nope", "--outcome", "failed", store=store, check=False)
     assert bad.returncode == 2 and "workbench runs" in bad.stderr
 
@@ -173,11 +180,11 @@ def test_ingest_counts_notes_in_its_summary_and_lists_them_with_verbose(tmp_path
     """A DeepSpeed run without a batch size in any config makes the monitor reader assume one:
     a note per CSV. The summary counts them and names the query; --verbose lists each."""
     run = ROOT / "sample_runs" / "deepspeed_default_log_level"
-    quiet = wb("ingest", run, store=tmp_path / "a")
-    notes = wb("sql", NOTES_QUERY, "--format", "csv", store=tmp_path / "a").stdout.splitlines()[1:]
+    quiet = cli("ingest", run, store=Store(tmp_path / "a"))
+    notes = cli("sql", NOTES_QUERY, "--format", "csv", store=Store(tmp_path / "a")).stdout.splitlines()[1:]
     assert len(notes) == 8  # 7 monitor CSVs + the console whose steps are counted from timers
     assert not [ln for ln in quiet.stderr.splitlines() if ln.startswith("note ")]
     assert f"{len(notes)} notes (assumptions readers made)" in " ".join(quiet.stderr.split())
-    loud = wb("ingest", run, "--verbose", store=tmp_path / "b")
+    loud = cli("ingest", run, "--verbose", store=Store(tmp_path / "b"))
     listed = [ln for ln in loud.stderr.splitlines() if ln.startswith("note ")]
     assert len(listed) == len(notes)

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import ingest_paths
+from conftest import copy_store
 
 from detectors.backtest import Settings, backtest
 from detectors.replay import replay
@@ -25,14 +25,20 @@ SAMPLES = ROOT / "sample_runs"
 
 
 @pytest.fixture(scope="module")
-def samples(tmp_path_factory) -> Store:
-    s = Store(tmp_path_factory.mktemp("samples") / "store")
-    ingest_paths(s, SAMPLES)
-    return s
+def samples(sample_runs_replay, tmp_path_factory) -> Store:
+    return copy_store(sample_runs_replay[0], tmp_path_factory.mktemp("samples"))  # the tests replay into it
 
 
 def _alerts(store: Store):
     return store.connect().sql("SELECT * FROM alerts ORDER BY ALL").pl()
+
+
+@pytest.fixture(scope="module")
+def in_process(sample_runs_replay, samples):
+    """What replay and backtest give without an executor argument, which each executor is
+    compared with: (the replay's result, the alerts it stored, the backtest JSON)."""
+    want = sample_runs_replay[1]  # `samples` is a copy of the store that replay wrote
+    return want, _alerts(samples), backtest(samples, None, None, Settings(bootstrap=20)).to_json()
 
 
 def test_the_local_path_imports_neither_ray_nor_fsspec(tmp_path):
@@ -67,17 +73,15 @@ def test_ray_missing_says_how_to_install_it(monkeypatch):
 
 
 @pytest.mark.slow
-def test_fanned_out_replay_and_backtest_equal_the_in_process_ones(samples):
+def test_fanned_out_replay_and_backtest_equal_the_in_process_ones(samples, in_process):
     """Through an executor (cut into run batches x rule chunks), in this process."""
     inline = LocalExecutor(1)
     inline.workers = 3  # cut as for three workers: many tasks, all run here
-    want = replay(samples, None, None)
-    want_alerts = _alerts(samples)
+    want, want_alerts, local = in_process
     got = replay(samples, None, None, executor=inline)
     assert got.alerts.equals(want.alerts) and got.evaluable == want.evaluable and got.skipped == want.skipped
     assert _alerts(samples).equals(want_alerts)
     settings = Settings(bootstrap=20)
-    local = backtest(samples, None, None, settings).to_json()
     assert backtest(samples, None, None, settings, executor=inline).to_json() == local
     assert json.loads(local)["rules"]
 
@@ -99,17 +103,12 @@ def test_ray_executor_keeps_item_order(ray_cluster):
 
 
 @pytest.mark.slow
-def test_replay_and_backtest_on_ray_equal_the_local_executor(samples, ray_cluster):
-    want = replay(samples, None, None)
-    want_alerts = _alerts(samples)
+def test_replay_and_backtest_on_ray_equal_the_local_executor(samples, in_process, ray_cluster):
+    want, want_alerts, local = in_process
     got = replay(samples, None, None, executor=ray_cluster)
     assert got.alerts.equals(want.alerts) and got.evaluable == want.evaluable
     assert _alerts(samples).equals(want_alerts)
-    settings = Settings(bootstrap=20)
-    assert (
-        backtest(samples, None, None, settings, executor=ray_cluster).to_json()
-        == backtest(samples, None, None, settings).to_json()
-    )
+    assert backtest(samples, None, None, Settings(bootstrap=20), executor=ray_cluster).to_json() == local
 
 
 VIEWS = {  # every view a user reads, in a fixed order (file rows without their ingest times)

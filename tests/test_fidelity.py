@@ -162,9 +162,8 @@ def test_keras_csvlogger_appended_fits_continue_the_step_axis(store):
     assert restarts["step"].to_list() == [4, 8]
 
 
-def test_every_sample_run_agrees_with_itself_across_sources(tmp_path):
-    store = Store(tmp_path / "store")
-    ingest_paths(store, SAMPLES)
+def test_every_sample_run_agrees_with_itself_across_sources(sample_runs_store):
+    store = sample_runs_store
     verdicts = q(store, "SELECT run_id, metric, source_a, source_b, verdict, agree FROM agreement")
     assert verdicts.height > 50
     bad = verdicts.filter(~verdicts["verdict"].is_in(["ok", "few"]))

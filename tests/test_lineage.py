@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ingest_paths, q
+from conftest import DATA, cli, ingest_paths, q
 from writers import tbx_scalars
 
 from ingest import lineage
@@ -20,10 +18,8 @@ ROOT = Path(__file__).parent.parent
 
 
 @pytest.fixture(scope="module")
-def samples(tmp_path_factory):
-    s = Store(tmp_path_factory.mktemp("lin") / "store")
-    ingest_paths(s, ROOT / "sample_runs")
-    return s
+def samples(sample_runs_store):
+    return sample_runs_store  # lineage is only read
 
 
 def test_sample_runs_edges(samples):
@@ -129,34 +125,13 @@ def test_changed_checkpoint_is_reported_on_reingest(tmp_path):
 
 
 def test_lineage_cli_tree_and_stitch(samples):
-    env = {**os.environ, "WORKBENCH_STORE": str(samples.root)}
-    tree = subprocess.run(
-        [sys.executable, "-m", "workbench", "lineage", "attention_collapse_recovery"],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    tree = cli("lineage", "attention_collapse_recovery", store=samples)
     assert (
-        tree.returncode == 0
+        tree.exit_code == 0
         and "recovery from step 100" in tree.stdout
         and "attention_collapse recovered" in tree.stdout
     )
-    csv = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "workbench",
-            "lineage",
-            "attention_collapse_recovery",
-            "--stitch",
-            "loss",
-            "--format",
-            "csv",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    csv = cli("lineage", "attention_collapse_recovery", "--stitch", "loss", "--format", "csv", store=samples)
     lines = csv.stdout.splitlines()
     assert lines[0] == "step,value,run_id,hop" and len(lines) == 401
 

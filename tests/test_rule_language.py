@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from conftest import cli
 
 from detectors.language import Binary, Call, Name, Num, RuleSyntaxError, Unary, parse
 from detectors.rules import RuleFileError, load_rule_file
@@ -109,12 +107,8 @@ def test_rule_file_errors(tmp_path, body, fragment):
 
 def test_cli_rule_file_error_is_a_message_not_a_traceback(tmp_path):
     f = write(tmp_path, '[[rule]]\nid = "bad"\nwhen = "grad_norm < 1e-5 and and attn < 0.3"\n')
-    p = subprocess.run(
-        [sys.executable, "-m", "workbench", "replay", "--rules", str(f), "--store", str(tmp_path / "s")],
-        capture_output=True,
-        text=True,
-    )
-    assert p.returncode == 1 and "Traceback" not in p.stderr
+    p = cli("replay", "--rules", f, "--store", tmp_path / "s")  # a traceback fails in cli() itself
+    assert p.exit_code == 1 and "Traceback" not in p.stderr
     assert "column 22" in p.stderr and "bad" in p.stderr
 
 

@@ -7,18 +7,15 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import ingest_paths, q
-
-from workbench.store import Store
+from conftest import q
 
 SAMPLES = Path(__file__).parent.parent / "sample_runs"
 LABELS = tomllib.loads((SAMPLES / "labels.toml").read_text())["runs"]
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    s = Store(tmp_path_factory.mktemp("samples") / "store")
-    report = ingest_paths(s, SAMPLES)
+def store(sample_runs_ingest):
+    s, report = sample_runs_ingest
     assert report.problems == []
     return s
 

@@ -12,12 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from conftest import cli as run_cli
 from conftest import ingest_paths, q
 from writers import tbx_scalars
 
 import workbench.store.layout as layout
-from workbench.cli import main
 from workbench.errors import StoreError
 from workbench.store import Store, StoreWriter
 from workbench.store.points import Points
@@ -26,10 +25,8 @@ JSONL_LINES, TB_POINTS, EVALS = 120, 60, 3
 
 
 def cli(store: Store, *args: str):
-    """The CLI in-process: (exit code, stdout, stderr), lines not wrapped; an escaped exception
-    is a failure."""
-    r = CliRunner().invoke(main, [*args, "--store", str(store.root)], env={"COLUMNS": "10000"})
-    assert r.exception is None or isinstance(r.exception, SystemExit), r.exc_info
+    """The CLI in-process: (exit code, stdout, stderr)."""
+    r = run_cli(*args, store=store)
     return r.exit_code, r.stdout, r.stderr
 
 
@@ -52,18 +49,33 @@ def _logs(root: Path) -> None:
 EXPECTED = JSONL_LINES * 2 + TB_POINTS + 33  # c: 30 losses and 3 eval losses
 
 
-@pytest.fixture
-def two_generations(tmp_path):
-    """A store of three runs written by two ingests (so that an older generation exists)."""
-    logs = tmp_path / "logs"
+@pytest.fixture(scope="module")
+def two_generations_snapshot(tmp_path_factory):
+    """Logs and a store of three runs written by two ingests, built once: (work folder, a copy of it)."""
+    work = tmp_path_factory.mktemp("two_generations") / "work"
+    logs = work / "logs"
     _logs(logs)
-    store = Store(tmp_path / "store")
+    store = Store(work / "store")
     with open(logs / "a/metrics.jsonl") as f:
         lines = f.readlines()
     (logs / "a/metrics.jsonl").write_text("".join(lines[:100]))
     ingest_paths(store, logs)
     (logs / "a/metrics.jsonl").write_text("".join(lines))
     ingest_paths(store, logs)
+    snapshot = work.with_name("snapshot")
+    shutil.copytree(work, snapshot, symlinks=True)  # copy2: sizes and mtimes as the store recorded them
+    return work, snapshot
+
+
+@pytest.fixture
+def two_generations(two_generations_snapshot):
+    """A store of three runs written by two ingests (so that an older generation exists), whole
+    again for each test: the snapshot put back at the same paths, since the store records its
+    logs' absolute paths and the tests damage both."""
+    work, snapshot = two_generations_snapshot
+    shutil.rmtree(work)
+    shutil.copytree(snapshot, work, symlinks=True)
+    logs, store = work / "logs", Store(work / "store")
     assert [g.name for g in layout.generations(store.root)] == ["g00000001", "g00000002"]
     assert _points(store) == EXPECTED
     return logs, store

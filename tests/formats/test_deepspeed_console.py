@@ -14,7 +14,7 @@ def store(tmp_path_factory):
     return real_store(tmp_path_factory, files=["deepspeed", "issue_excerpts"], trees={})
 
 
-def test_row8_hellodeepspeed(store):
+def test_hellodeepspeed_overflow_storm_skipped_and_checkpoints(store):
     run = "hellodeepspeed_bert_zero1_fp16_console"
     skipped = series(store, run, "skipped")
     assert skipped.rows() == [(0, 0.0), (10, 10.0), (20, 17.0), (30, 17.0), (40, 17.0)]
@@ -32,7 +32,7 @@ def test_row8_hellodeepspeed(store):
     assert metrics["derived/loss_scale"] == "loss_scale" and metrics["lr"] == "lr"
 
 
-def test_row9_pipeline_engine(store):
+def test_pipeline_engine_console(store):
     run = "deepspeed_pipeline_parallel_console"
     assert series(store, run, "skipped")["step"].to_list() == list(range(0, 210, 10))
     assert set(series(store, run, "skipped")["value"]) == {0.0}
@@ -44,7 +44,7 @@ def test_row9_pipeline_engine(store):
     assert events(store, run, "overflow").height == 0
 
 
-def test_row10_cifar_timers_and_flops_profile(store):
+def test_cifar_wall_clock_timers_and_flops_profile(store):
     run = "deepspeed_cifar10_fp16_wallclock_console"
     assert series(store, run, "skipped")["step"].to_list() == [0]
     counts = dict(
@@ -83,7 +83,7 @@ def test_row10_cifar_timers_and_flops_profile(store):
         ("deepspeed_2021_stage3_overflow_and_old_timer", 5, 524288.0, {"reduce": 5}),
     ],
 )
-def test_row11_overflow_variants(store, run, n, last_new, variants):
+def test_every_overflow_variant(store, run, n, last_new, variants):
     attrs = [json.loads(a) for a in events(store, run, "overflow")["attrs"]]
     assert len(attrs) == n
     assert [a["new_scale"] for a in attrs if a["new_scale"] is not None][-1] == last_new
@@ -93,13 +93,13 @@ def test_row11_overflow_variants(store, run, n, last_new, variants):
     assert found == variants
 
 
-def test_row11_extras(store):
+def test_hf_dict_before_any_step_is_counted_and_old_samples_per_sec_read(store):
     # the HF dict line comes before any line that states a step: counted, not placed
     assert contents(store, "deepspeed_overflow_to_min_scale_with_hf_logs")["hf_dict"] == 1
     assert series(store, "deepspeed_2021_stage3_overflow_and_old_timer", "SamplesPerSec").height == 1
 
 
-def test_row12_old_forms(store):
+def test_old_step_and_timer_forms(store):
     run = "deepspeed_0.5_step_and_old_timer"
     assert series(store, run, "skipped").rows() == [(40, 2.0), (50, 2.0), (60, 2.0)]
     assert (

@@ -12,7 +12,7 @@ def store(tmp_path_factory):
     return real_store(tmp_path_factory, files=["issue_excerpts"], trees={})
 
 
-def test_row22_fairseq(store):
+def test_fairseq_text_and_json_log_lines(store):
     loss = series(store, "fairseq_train_inner_text", "loss")
     assert loss.rows() == [(2800, 9.255), (2900, 8.979), (3000, 9.376), (3100, 9.251)]
     js = q(

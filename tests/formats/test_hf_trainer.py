@@ -14,7 +14,7 @@ def store(tmp_path_factory):
     return real_store(tmp_path_factory, files=[], trees={"hf_trainer": "hf_trainer"})
 
 
-def test_row16_llamafactory_state_and_jsonl(store):
+def test_llamafactory_trainer_state_wins_over_its_jsonl(store):
     run = "hf_trainer/mistral_llamafactory"
     loss = series(store, run, "loss")
     assert loss.height == 866 and loss["step"].to_list() == list(range(10, 8670, 10))
@@ -38,7 +38,7 @@ def test_row16_llamafactory_state_and_jsonl(store):
     assert json.loads(ckpt["metadata"][1])["max_steps"] == 8660
 
 
-def test_row17_whisper_old_trainer_state(store):
+def test_whisper_old_trainer_state_eval_wer_and_results(store):
     run = "hf_trainer/whisper_large_v2_japanese"
     assert series(store, run, "loss")["step"].to_list() == list(range(25, 5025, 25))
     wer = series(store, run, "eval_wer")
@@ -50,7 +50,7 @@ def test_row17_whisper_old_trainer_state(store):
     assert len(config["results"]["all"]) == 12
 
 
-def test_row18_trl_checkpoint_state_is_not_completed(store):
+def test_trl_checkpoint_state_is_not_completed(store):
     run = "hf_trainer/tinyllama_trl_sft"
     assert series(store, run, "loss")["step"].to_list() == list(range(15, 2805, 15))
     ev = series(store, run, "eval_loss")

@@ -14,7 +14,7 @@ def store(tmp_path_factory):
     return real_store(tmp_path_factory, files=[], trees={"lightning_csvlogger": "lightning_csvlogger"})
 
 
-def test_row19_lightning_csv(store):
+def test_lightning_csvlogger_sparse_columns_and_hparams(store):
     run = "lightning_csvlogger/slm_training_version_0"
     counts = dict(
         q(store, f"SELECT tag, count(*) FROM scalars_all WHERE run_id = '{run}' GROUP BY tag").rows()

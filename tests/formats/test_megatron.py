@@ -14,7 +14,7 @@ def store(tmp_path_factory):
     return real_store(tmp_path_factory, files=["bigscience", "issue_excerpts"], trees={})
 
 
-def test_row13_megatron_iteration_lines(store):
+def test_megatron_deepspeed_iteration_lines_truncated_lines_and_nan_window(store):
     run = "megatron_deepspeed_iteration_lines_extracted_from_chronicles"
     assert (
         q(store, f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'lm loss'")["n"][0]
@@ -32,7 +32,7 @@ def test_row13_megatron_iteration_lines(store):
     )
 
 
-def test_row14_overflow_attached_to_following_iteration(store):
+def test_overflow_attached_to_following_iteration(store):
     run = "tr8b-104B"
     loss = series(store, run, "lm loss")
     assert loss["step"].to_list() == list(range(17060, 17069))
@@ -49,7 +49,7 @@ def test_row14_overflow_attached_to_following_iteration(store):
     ]
 
 
-def test_row15_megatron_lm(store):
+def test_megatron_lm_iteration_lines_and_timers(store):
     loss = series(store, "megatron_lm_iteration_lines", "lm loss")
     assert loss["step"].to_list() == [122, 123, 124, 125]
     assert (loss["value"][0], loss["value"][-1]) == (2.50422, 2.477393)

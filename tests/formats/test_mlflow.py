@@ -18,7 +18,7 @@ def store(tmp_path_factory):
     )
 
 
-def test_row3_mlflow_equals_keras_tensorboard(store):
+def test_mlflow_filestore_equals_keras_tensorboard(store):
     run = "mlflow_filestore/swahili_stt/mlruns/1/ed05f9cd599442fe9a0c9222184710b8"
     loss = series(store, run, "loss")
     assert loss["step"].to_list() == list(range(10))

@@ -12,7 +12,7 @@ def store(tmp_path_factory):
     return real_store(tmp_path_factory, files=["nanogpt"], trees={})
 
 
-def test_row20_21_nanogpt(store):
+def test_modded_nanogpt_train_and_val_lines_with_nan_step_avg(store):
     run = "modded-nanogpt"
     train = q(
         store,

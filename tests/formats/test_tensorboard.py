@@ -4,12 +4,15 @@ damage salvaged, resumes preempted."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 from conftest import DATA, ingest_paths, q
 from tbparse import SummaryReader
 from writers import scalar_tensor_summary, tb_native_scalars, tbx_scalars, tbx_summaries
+
+from workbench.store import Store
 
 KERAS = DATA / "keras_tf2_swahili_stt"
 GEN = DATA / "generated"
@@ -106,25 +109,38 @@ def test_corrupt_record_is_salvaged_and_reported_with_offset(store, tmp_path):
     assert q(store, "SELECT count(*) AS n FROM events WHERE kind = 'text'")["n"][0] == 1
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        KERAS / "events.out.tfevents.1628697775.DESKTOP-V1DB051.21044.31250.v2",
-        GEN / "tb_native_run/events.out.tfevents.1796036290.vm.17224.0",
-        GEN / "tbx_run/run_a/events.out.tfevents.1796036286.vm",
-        GEN / "tbx_run/run_a/events.out.tfevents.1796036287.vm",
-        GEN / "tbx_run/run_a/1796036286.857561/events.out.tfevents.1796036286.vm",
-        GEN / "broken/events.out.tfevents.truncated",
-    ],
-    ids=lambda p: p.name,
-)
-def test_parity_with_tbparse(store, path):
-    reader = SummaryReader(str(path), extra_columns={"wall_time"})
+PARITY = [
+    KERAS / "events.out.tfevents.1628697775.DESKTOP-V1DB051.21044.31250.v2",
+    GEN / "tb_native_run/events.out.tfevents.1796036290.vm.17224.0",
+    GEN / "tbx_run/run_a/events.out.tfevents.1796036286.vm",
+    GEN / "tbx_run/run_a/events.out.tfevents.1796036287.vm",
+    GEN / "tbx_run/run_a/1796036286.857561/events.out.tfevents.1796036286.vm",
+    GEN / "broken/events.out.tfevents.truncated",
+]
+
+
+@pytest.fixture(scope="module")
+def parity_store(tmp_path_factory):
+    """Each file of PARITY alone in a run folder (run id: its index), all read by one ingest."""
+    root = tmp_path_factory.mktemp("parity")
+    for i, path in enumerate(PARITY):
+        (root / "runs" / str(i)).mkdir(parents=True)
+        shutil.copy2(path, root / "runs" / str(i) / path.name)
+    store = Store(root / "store")
+    ingest_paths(store, root / "runs")
+    return store
+
+
+@pytest.mark.parametrize("i", range(len(PARITY)), ids=[p.name for p in PARITY])
+def test_parity_with_tbparse(parity_store, i):
+    reader = SummaryReader(str(PARITY[i]), extra_columns={"wall_time"})
     oracle = (
         reader.scalars if len(reader.scalars) else reader.tensors
     )  # tbparse files float_val scalars as tensors
-    ingest_paths(store, path)
-    ours = q(store, "SELECT tag, step, wall_time, value FROM scalars_all ORDER BY tag, step")
+    ours = q(
+        parity_store,
+        f"SELECT tag, step, wall_time, value FROM scalars_all WHERE run_id = '{i}' ORDER BY tag, step",
+    )
     expected = sorted(zip(oracle["tag"], oracle["step"], oracle["wall_time"], oracle["value"], strict=True))
     assert len(ours) == len(expected) > 0
     for (t, s, w, v), (et, es, ew, ev) in zip(ours.rows(), expected, strict=True):
@@ -167,24 +183,33 @@ def test_tf_free_writer_encoding_c(store, tmp_path):
     assert df["value"].to_list() == [float(np.float32(0.5 + s / 100)) for s in range(0, 50, 5)]
 
 
-@pytest.mark.parametrize(
-    "dtype, content, value, expected",
-    [
-        ("float", True, 0.1, float(np.float32(0.1))),  # encoding B: TF2 tensor_content
-        ("float", False, 0.1, float(np.float32(0.1))),  # encoding C: float_val
-        ("double", False, 0.1, 0.1),  # encoding D: double_val
-        ("double", True, 1e300, 1e300),
-        ("half", False, 0.5, 0.5),
-        ("int64", True, 12345, 12345.0),
-        ("int64", False, -7, -7.0),
-    ],
-)
-def test_tensor_encodings(store, tmp_path, dtype, content, value, expected):
-    tbx_summaries(
-        tmp_path / "run", [(s, scalar_tensor_summary("m", dtype, value, content=content)) for s in range(3)]
-    )
-    ingest_paths(store, tmp_path / "run")
-    df = q(store, "SELECT step, value FROM scalars ORDER BY step")
+ENCODINGS = [  # dtype, tensor_content, value written, value read
+    ("float", True, 0.1, float(np.float32(0.1))),  # encoding B: TF2 tensor_content
+    ("float", False, 0.1, float(np.float32(0.1))),  # encoding C: float_val
+    ("double", False, 0.1, 0.1),  # encoding D: double_val
+    ("double", True, 1e300, 1e300),
+    ("half", False, 0.5, 0.5),
+    ("int64", True, 12345, 12345.0),
+    ("int64", False, -7, -7.0),
+]
+
+
+@pytest.fixture(scope="module")
+def encodings_store(tmp_path_factory):
+    """Each case of ENCODINGS written as its own run (run id: its index), all read by one ingest."""
+    root = tmp_path_factory.mktemp("encodings")
+    for i, (dtype, content, value, _) in enumerate(ENCODINGS):
+        summaries = [(s, scalar_tensor_summary("m", dtype, value, content=content)) for s in range(3)]
+        tbx_summaries(root / "runs" / str(i), summaries)
+    store = Store(root / "store")
+    ingest_paths(store, root / "runs")
+    return store
+
+
+@pytest.mark.parametrize("i", range(len(ENCODINGS)), ids=["-".join(map(str, case[:3])) for case in ENCODINGS])
+def test_tensor_encodings(encodings_store, i):
+    expected = ENCODINGS[i][3]
+    df = q(encodings_store, f"SELECT step, value FROM scalars WHERE run_id = '{i}' ORDER BY step")
     assert df["step"].to_list() == [0, 1, 2]
     assert df["value"].to_list() == [expected] * 3
 
