@@ -1,13 +1,16 @@
 """Where a live watch sends the alerts it raises: stdout, a command, a webhook.
 
 Each alert is one JSON object (the `alerts` columns: run_id, rule, tag, step_start, step_fired,
-step_end, value, message, params, severity, raised_at). Notifiers that leave the process run on
-their own thread: a slow or failing command or webhook never holds up ingest or evaluation, and
-a failure is reported (on stderr, by `problems()`) and never stops the watch.
+step_end, value, message, params, severity, raised_at) plus `alert_id`, the same for every
+delivery of one alert interval, so a receiver can drop a duplicate (a retry after a timeout
+whose first try did arrive). Notifiers that leave the process run on their own thread: a slow or
+failing command or webhook never holds up ingest or evaluation, and a failure is reported (on
+stderr, by `problems()`) and never stops the watch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -17,15 +20,26 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
+
+from workbench.errors import WorkbenchError
 
 Alert = dict
 
 
+def alert_id(alert: Alert) -> str:
+    """What identifies one alert interval: its run, rule and first step (an interval that grows
+    keeps its id; a replay of the same logs finds the same ids)."""
+    key = "\0".join(str(alert[k]) for k in ("run_id", "rule", "step_start"))
+    return hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
 def alert_json(alert: Alert) -> str:
-    """One line of JSON; NaN/Inf values as null (JSON has no NaN)."""
+    """One line of JSON with its `alert_id`; NaN/Inf values as null (JSON has no NaN)."""
     clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in alert.items()}
+    clean.setdefault("alert_id", alert_id(alert))
     return json.dumps(clean, sort_keys=True)
 
 
@@ -110,9 +124,32 @@ class CommandNotifier(_Background):
             raise RuntimeError(f"exit {done.returncode} {tail[0]}".strip())
 
 
+class _KeepPost(urllib.request.HTTPRedirectHandler):
+    """Follows only 307/308 (they keep the method and body) to another http(s) URL; urllib would
+    turn a POST redirected by 301/302/303 into a GET without the alert and call it delivered."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if code not in (307, 308) or urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
+            raise urllib.error.HTTPError(newurl, code, f"redirected to {newurl}", headers, fp)
+        return urllib.request.Request(newurl, data=req.data, headers=dict(req.header_items()), method="POST")
+
+
+def check_webhook_url(url: str) -> str:
+    """An http(s) URL with a host, or a WorkbenchError saying why not (file:, data:, ftp: ...
+    would take each alert nowhere and call it delivered)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise WorkbenchError(
+            f"--notify-url {url!r}: a webhook is an http:// or https:// URL with a host, "
+            "e.g. http://127.0.0.1:9000/hook"
+        )
+    return url
+
+
 class WebhookNotifier(_Background):
-    """POSTs the alert as a JSON body; retries with exponential backoff on connection errors,
-    5xx and 429 answers (`retries` times, first wait `backoff` seconds, doubling)."""
+    """POSTs the alert as a JSON body with an `Idempotency-Key` header (the alert's id); retries
+    with exponential backoff on connection errors, timeouts, 5xx and 429 answers (`retries` times,
+    first wait `backoff` seconds, doubling). A redirect other than 307/308 is a failure."""
 
     name = "webhook"
 
@@ -124,24 +161,27 @@ class WebhookNotifier(_Background):
         backoff: float = 0.5,
         timeout: float = 10.0,
     ):
-        self.url, self.retries, self.backoff, self.timeout = url, retries, backoff, timeout
+        self.url, self.retries, self.backoff, self.timeout = check_webhook_url(url), retries, backoff, timeout
+        self._opener = urllib.request.build_opener(_KeepPost)
         super().__init__(report)
 
     def deliver(self, alert: Alert) -> None:
         body = alert_json(alert).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "training-log-workbench",
+            "Idempotency-Key": alert_id(alert),
+        }
         wait = self.backoff
         for attempt in range(self.retries + 1):
-            req = urllib.request.Request(
-                self.url,
-                data=body,
-                method="POST",
-                headers={"Content-Type": "application/json", "User-Agent": "training-log-workbench"},
-            )
+            req = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                with self._opener.open(req, timeout=self.timeout) as resp:
                     resp.read()
                 return
             except urllib.error.HTTPError as e:
+                if 300 <= e.code < 400:
+                    raise RuntimeError(f"HTTP {e.code} from {self.url}: {e.msg}; not followed") from None
                 if e.code < 500 and e.code != 429:
                     raise RuntimeError(f"HTTP {e.code} from {self.url}") from None
                 why = f"HTTP {e.code}"
