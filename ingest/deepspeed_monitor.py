@@ -77,7 +77,7 @@ class _MonitorCsvParser(LineParser):
                 batch.note = f"x axis: samples / {self.how}"
         else:
             tags, codes, steps = [self.tag], np.zeros(n, np.int32), samples
-            batch.note = f"x axis is samples: {self.how} to turn it into steps"
+            batch.note = f"x axis kept in samples: {self.how}"
         batch.points = Points(tags, codes, steps, np.full(len(codes), np.nan), values)
         self.samples, self.values = [], []
 

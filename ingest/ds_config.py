@@ -18,10 +18,13 @@ from ingest.base import Batch, Ingestor, Problem, ReadContext
 from ingest.lines import JsonError, read_json_file, to_float
 
 CONFIG_KEYS = (b'"train_batch_size"', b'"train_micro_batch_size_per_gpu"', b'"zero_optimization"', b'"fp16"')
+# Samples per optimizer step no job reaches (2^40), and that would overflow the int64 step axis.
+MAX_BATCH = 2**40
 
 
 def batch_size_of(config: dict) -> tuple[int | None, str]:
-    """The run's train_batch_size (samples per optimizer step), and where it came from."""
+    """The run's train_batch_size (samples per optimizer step), and where it came from; None
+    with the reason when the run does not state a usable one (absent, or out of 1..2^40)."""
     ds = config.get("ds_config") or {}
     engine = config.get("deepspeed_engine") or {}
     for source, value in (
@@ -29,19 +32,25 @@ def batch_size_of(config: dict) -> tuple[int | None, str]:
         ("the console", engine.get("train_batch_size")),
     ):
         if (tbs := to_float(value)) and tbs >= 1:
-            return int(tbs), f"train_batch_size {int(tbs)} from {source}"
+            return _checked(tbs, f"train_batch_size {value} from {source}")
     micro = to_float(ds.get("train_micro_batch_size_per_gpu") or engine.get("train_micro_batch_size_per_gpu"))
     if not micro:
         learned = (config.get("learned") or {}).get("train_batch_size")
         if learned:
-            return int(learned), f"train_batch_size {learned} learned from {config['learned']['from']}"
+            return _checked(learned, f"train_batch_size {learned} learned from {config['learned']['from']}")
         return None, "no train_batch_size or train_micro_batch_size_per_gpu in the run's ds_config or console"
     gas = to_float(ds.get("gradient_accumulation_steps") or engine.get("gradient_accumulation_steps")) or 1
     world = to_float(engine.get("world_size"))
-    why = f"{int(micro)} x {int(gas)} gradient accumulation x world size " + (
-        f"{int(world)} from the console" if world else "1 (assumed: no console printed world_size)"
+    why = f"{micro:g} x {gas:g} gradient accumulation x world size " + (
+        f"{world:g} from the console" if world else "1 (assumed: no console printed world_size)"
     )
-    return int(micro * gas * (world or 1)), f"train_batch_size {why}"
+    return _checked(micro * gas * (world or 1), f"train_batch_size {why}")
+
+
+def _checked(tbs: float, how: str) -> tuple[int | None, str]:
+    if not 1 <= tbs <= MAX_BATCH:  # NaN and Inf fail too
+        return None, f"{how} is out of range (1..2^40) and not used"
+    return int(tbs), how
 
 
 class DeepSpeedConfigIngestor(Ingestor):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 
-from conftest import ingest_paths, q
+import pytest
+from conftest import SAMPLE_RUNS, ingest_paths, q
 from real_samples import write_monitor_csv
 from writers import tbx_scalars
 
@@ -43,3 +45,19 @@ def test_monitor_csv_without_config_keeps_samples_and_says_so(store, tmp_path):
     ingest_paths(store, tmp_path / "r")
     assert q(store, "SELECT step FROM scalars ORDER BY step")["step"].to_list() == [64, 128]
     assert "samples" in q(store, "SELECT note FROM files")["note"][0]
+
+
+@pytest.mark.parametrize("batch", ["1e30", str(2**64), "Infinity"])
+def test_an_absurd_batch_size_is_a_note_and_the_csv_keeps_its_samples(store, tmp_path, batch):
+    """A real DeepSpeed monitor CSV beside a ds_config whose train_batch_size no job reaches."""
+    real = SAMPLE_RUNS / "healthy_deepspeed_fp16/monitor_csv/job/Train_Samples_lr.csv"
+    rows = [ln.split(",") for ln in real.read_text().splitlines()[1:] if ln]
+    run = tmp_path / "runs/ds"
+    shutil.copytree(real.parent, run / "monitor_csv/job")
+    (run / "ds_config.json").write_text('{"train_batch_size": %s, "fp16": {"enabled": true}}' % batch)
+    ingest_paths(store, tmp_path / "runs")
+    lr = q(store, "SELECT step, value FROM scalars WHERE tag = 'Train/Samples/lr' ORDER BY step")
+    assert lr.rows() == [(int(x), float(v)) for x, v in rows]  # every point, on its samples axis
+    note = q(store, "SELECT note FROM files WHERE path LIKE '%Train_Samples_lr.csv'")["note"][0]
+    assert "out of range" in note and "samples" in note
+    assert q(store, "SELECT count(*) AS n FROM problems")["n"][0] == 0
