@@ -54,7 +54,7 @@ def test_an_absurd_batch_size_is_a_note_and_the_csv_keeps_its_samples(store, tmp
     rows = [ln.split(",") for ln in real.read_text().splitlines()[1:] if ln]
     run = tmp_path / "runs/ds"
     shutil.copytree(real.parent, run / "monitor_csv/job")
-    (run / "ds_config.json").write_text('{"train_batch_size": %s, "fp16": {"enabled": true}}' % batch)
+    (run / "ds_config.json").write_text('{"train_batch_size": ' + batch + ', "fp16": {"enabled": true}}')
     ingest_paths(store, tmp_path / "runs")
     lr = q(store, "SELECT step, value FROM scalars WHERE tag = 'Train/Samples/lr' ORDER BY step")
     assert lr.rows() == [(int(x), float(v)) for x, v in rows]  # every point, on its samples axis
