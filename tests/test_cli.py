@@ -106,6 +106,19 @@ def test_sql_is_read_only(tbx_store, query):
     assert "error:" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.parametrize("name", ["o'neil", "x' (FORMAT json); SELECT 'injected"])
+def test_a_quote_in_tmpdir_is_a_path_not_sql(tbx_store, tmp_path, name):
+    (tmp_path / name).mkdir()
+    env = {**os.environ, "WORKBENCH_STORE": str(tbx_store), "TMPDIR": str(tmp_path / name)}
+    for args in (["sql", "SELECT 41 + 1 AS x", "--format", "csv"], ["runs", "--format", "csv"]):
+        p = subprocess.run(
+            [sys.executable, "-m", "workbench", *args], capture_output=True, text=True, env=env
+        )
+        assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[1].startswith("run_a,")
+    assert list((tmp_path / name).iterdir()) == []  # the result file was used and removed there
+
+
 def test_sql_error_is_a_message(tbx_store):
     p = wb("sql", "SELECT nope FROM scalars", store=tbx_store, check=False)
     assert p.returncode == 1 and "nope" in p.stderr and "Traceback" not in p.stderr

@@ -8,6 +8,7 @@ import tempfile
 import duckdb
 
 from workbench.errors import NotFoundError, WorkbenchError
+from workbench.store.sql import literal
 from workbench.store.store import Store
 
 RUNS_SQL = (
@@ -43,7 +44,7 @@ def run_query(store: Store, query: str, fmt: str = "csv", params: list | None = 
     try:
         options = "FORMAT json, ARRAY true" if fmt == "json" else "FORMAT csv, HEADER true"
         body = query.strip().rstrip(";")
-        con.execute(f"COPY (\n{body}\n) TO '{tmp}' ({options})", params or [])
+        con.execute(f"COPY (\n{body}\n) TO {literal(tmp)} ({options})", params or [])
         with open(tmp, encoding="utf-8") as f:
             text = f.read()
     except duckdb.Error as e:
