@@ -1,4 +1,5 @@
-"""Read-only questions to the store: SQL rendered by DuckDB itself, and the lookups the faces share."""
+"""Answers rendered by DuckDB itself (CSV or JSON, what `workbench sql` and the read commands
+print), and the lookups the faces share; the questions are in `workbench.store.reads`."""
 
 from __future__ import annotations
 
@@ -8,25 +9,22 @@ import tempfile
 import duckdb
 
 from workbench.errors import NotFoundError, WorkbenchError
+from workbench.store import reads
 from workbench.store.store import Store
-
-RUNS_SQL = (
-    "SELECT run_id, status, formats, files, segments, points, tags, first_step, last_step, "
-    "problems, evidence, consistency FROM runs ORDER BY run_id"
-)
-TAGS_SQL = (
-    "SELECT tag, metric, count(*) AS points, min(step) AS first_step, max(step) AS last_step, "
-    "count(*) FILTER (WHERE NOT isfinite(value)) AS non_finite "
-    "FROM scalars WHERE run_id = ? GROUP BY tag, metric ORDER BY tag"
-)
 
 
 class QueryError(WorkbenchError):
     """A query DuckDB refused, or one that would change the store."""
 
 
-def run_query(store: Store, query: str, fmt: str = "csv", params: list | None = None) -> str:
-    """Run one read-only statement; returns DuckDB's CSV (header + rows) or JSON array text."""
+def run_query(
+    store: Store, query: str | reads.Query, fmt: str = "csv", params: list | dict | None = None
+) -> str:
+    """Run one read-only statement (SQL text, or one of the store's questions); returns
+    DuckDB's CSV (header + rows) or JSON array text."""
+    if isinstance(query, reads.Query):
+        params = query.params or None
+        query = query.sql
     try:
         stmts = duckdb.extract_statements(query)
     except duckdb.Error as e:
@@ -58,13 +56,10 @@ def run_query(store: Store, query: str, fmt: str = "csv", params: list | None = 
 
 def require_run(store: Store, run_id: str) -> None:
     """Raise NotFoundError (with what to type next) unless the store holds `run_id`."""
-    con = store.connect()
     try:
-        known = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0]
+        known = store.rows(reads.run_count(run_id))[0][0]
     except duckdb.Error as e:
         raise _query_error(store, e) from None
-    finally:
-        con.close()
     if not known:
         raise NotFoundError(f"no run {run_id!r} in {store.root}; list them with: workbench runs")
 
