@@ -55,7 +55,18 @@ def test_the_python_api_page_documents_every_name_and_read_method():
 
     headings = "\n".join(re.findall(r"^###? .*$", PYTHON_API, re.M))
     assert [n for n in workbench.__all__ if not n.endswith("Error") and f"`wb.{n}(" not in headings] == []
-    reads = ["runs", "tags", "scalars", "events", "alerts", "labels", "lineage", "problems", "query", "connect"]
+    reads = [
+        "runs",
+        "tags",
+        "scalars",
+        "events",
+        "alerts",
+        "labels",
+        "lineage",
+        "problems",
+        "query",
+        "connect",
+    ]
     assert all(callable(getattr(Store, m)) for m in reads)
     assert [m for m in reads if f"`store.{m}(" not in headings] == []
 
