@@ -129,11 +129,6 @@ def logged_tags(run_ids: list[str]) -> Query:
     )
 
 
-def tag_metrics() -> Query:
-    """(tag, canonical metric or NULL) of every stored tag."""
-    return Query("SELECT tag, metric FROM _tag_metric")
-
-
 def multi_source_metric_runs(run_ids: list[str]) -> Query:
     """Those of the runs where several sources log one canonical metric (derived series
     aside), from the chunk lists: no point is read."""
