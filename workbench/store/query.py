@@ -8,13 +8,12 @@ import tempfile
 
 import duckdb
 
-from workbench.errors import NotFoundError, WorkbenchError
+from workbench.errors import NotFoundError
 from workbench.store import reads
+from workbench.store.reads import QueryError
 from workbench.store.store import Store
 
-
-class QueryError(WorkbenchError):
-    """A query DuckDB refused, or one that would change the store."""
+__all__ = ["QueryError", "require_run", "run_query"]
 
 
 def run_query(
@@ -25,16 +24,7 @@ def run_query(
     if isinstance(query, reads.Query):
         params = query.params or None
         query = query.sql
-    try:
-        stmts = duckdb.extract_statements(query)
-    except duckdb.Error as e:
-        raise QueryError(str(e)) from None
-    if len(stmts) != 1:
-        raise QueryError("give exactly one SQL statement")
-    if stmts[0].type != duckdb.StatementType.SELECT:
-        raise QueryError(
-            f"only SELECT queries are allowed (got {stmts[0].type.name}); the store is read-only here"
-        )
+    reads.one_select(query)
     con = store.connect(query)
     fd, tmp = tempfile.mkstemp(suffix="." + fmt)
     os.close(fd)
@@ -45,7 +35,7 @@ def run_query(
         with open(tmp, encoding="utf-8") as f:
             text = f.read()
     except duckdb.Error as e:
-        raise _query_error(store, e) from None
+        raise reads.query_error(store.root, e) from None
     finally:
         os.unlink(tmp)
         con.close()
@@ -59,23 +49,6 @@ def require_run(store: Store, run_id: str) -> None:
     try:
         known = store.rows(reads.run_count(run_id))[0][0]
     except duckdb.Error as e:
-        raise _query_error(store, e) from None
+        raise reads.query_error(store.root, e) from None
     if not known:
         raise NotFoundError(f"no run {run_id!r} in {store.root}; list them with: workbench runs")
-
-
-# errors in the query text itself; anything else may come from a damaged file
-_QUERY_FAULTS = (
-    duckdb.ParserException,
-    duckdb.BinderException,
-    duckdb.CatalogException,
-    duckdb.ConversionException,
-    duckdb.OutOfRangeException,
-)
-
-
-def _query_error(store: Store, e: duckdb.Error) -> QueryError:
-    message = str(e).strip()
-    if not isinstance(e, _QUERY_FAULTS):
-        message += f"\n(if the query is not at fault, the store may be damaged: workbench check --store {store.root})"
-    return QueryError(message)

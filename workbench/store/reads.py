@@ -14,11 +14,53 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import duckdb
+
+from workbench.errors import WorkbenchError
+
 if TYPE_CHECKING:
-    import duckdb
     import polars as pl
+
+
+class QueryError(WorkbenchError):
+    """A query DuckDB refused, or one that would change the store."""
+
+
+def one_select(sql: str) -> None:
+    """QueryError unless `sql` is exactly one SELECT (the store is read-only to queries)."""
+    try:
+        stmts = duckdb.extract_statements(sql)
+    except duckdb.Error as e:
+        raise QueryError(str(e)) from None
+    if len(stmts) != 1:
+        raise QueryError("give exactly one SQL statement")
+    if stmts[0].type != duckdb.StatementType.SELECT:
+        raise QueryError(
+            f"only SELECT queries are allowed (got {stmts[0].type.name}); the store is read-only here"
+        )
+
+
+# errors in the query text itself; anything else may come from a damaged file
+_QUERY_FAULTS = (
+    duckdb.ParserException,
+    duckdb.BinderException,
+    duckdb.CatalogException,
+    duckdb.ConversionException,
+    duckdb.OutOfRangeException,
+)
+
+
+def query_error(root: Path, e: duckdb.Error) -> QueryError:
+    """The QueryError for what DuckDB said about a query on the store at `root`."""
+    message = str(e).strip()
+    if not isinstance(e, _QUERY_FAULTS):
+        message += (
+            f"\n(if the query is not at fault, the store may be damaged: workbench check --store {root})"
+        )
+    return QueryError(message)
 
 
 @dataclass(frozen=True)

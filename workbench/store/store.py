@@ -97,9 +97,15 @@ class Store:
         return self._ask(query, lambda rel: rel.fetchall())
 
     def query(self, sql: str | reads.Query, params: list[Any] | dict[str, Any] | None = None) -> pl.DataFrame:
-        """Any read-only SELECT over the views (`?` or `$name` parameters), as a polars frame."""
-        query = sql if isinstance(sql, reads.Query) else reads.Query(sql, params or [])
-        return self._ask(query, lambda rel: rel.pl())
+        """Any one SELECT over the views (`?` or `$name` parameters), as a polars frame;
+        QueryError for another statement or one DuckDB refuses."""
+        if isinstance(sql, reads.Query):
+            return self._ask(sql, lambda rel: rel.pl())
+        reads.one_select(sql)
+        try:
+            return self._ask(reads.Query(sql, params or []), lambda rel: rel.pl())
+        except duckdb.Error as e:
+            raise reads.query_error(self.root, e) from None
 
     def runs(self) -> pl.DataFrame:
         """The `runs` view: one row per run with its status (and the evidence for it), formats,
