@@ -53,7 +53,7 @@ from detectors.scoring import (  # noqa: F401 (the scoring API is used from here
 )
 from detectors.series import ReplayError
 from detectors.tuning import folds_of, run_groups, tune_rule
-from workbench.store import Store
+from workbench.store import Store, reads
 
 if TYPE_CHECKING:
     from workbench.executor import Executor
@@ -62,9 +62,7 @@ if TYPE_CHECKING:
 def load_labels(store: Store, run_ids: list[str]) -> tuple[dict[str, RunInfo], int]:
     """Labelled runs of the selection (failed/healthy; steps filled in during replay) and the
     count of the rest (unknown or unlabelled)."""
-    labels = {
-        r[0]: r for r in store.connect().execute("SELECT run_id, outcome, onset, kind FROM labels").fetchall()
-    }
+    labels = {r[0]: r for r in store.rows(reads.labels(["run_id", "outcome", "onset", "kind"]))}
     runs, unknown = {}, 0
     for run in run_ids:
         lab = labels.get(run)
@@ -79,15 +77,7 @@ def load_labels(store: Store, run_ids: list[str]) -> tuple[dict[str, RunInfo], i
 def load_recoveries(store: Store) -> list[tuple[str, int | None, bool]]:
     """(parent run, step the restart was triggered or rolled back at, did the continuation end healthy)
     for every restart of one run by another (lineage `recovery` and `fork` edges)."""
-    return (
-        store.connect()
-        .execute("""
-        SELECT l.parent_run, coalesce(e.step, l.parent_step), coalesce(lb.outcome = 'healthy' OR r.status = 'completed', false)
-        FROM lineage l LEFT JOIN labels lb ON lb.run_id = l.child_run LEFT JOIN runs r ON r.run_id = l.child_run
-        LEFT JOIN (SELECT run_id, min(step) step FROM events WHERE kind = 'recovery' GROUP BY run_id) e ON e.run_id = l.child_run
-        WHERE l.child_run <> l.parent_run""")
-        .fetchall()
-    )
+    return store.rows(reads.recoveries())
 
 
 @dataclass
@@ -271,7 +261,7 @@ def _in_ensemble(rule: Rule, explicit: bool) -> bool:
 def _tune(store, scored, runs, settings, budget, folds, holdout_glob) -> list[dict]:
     held = [r for r in runs if holdout_glob and fnmatch.fnmatchcase(r, holdout_glob)]
     tuning_runs = sorted(r for r in runs if r not in held)
-    edges = store.connect().execute("SELECT child_run, parent_run FROM lineage").fetchall()
+    edges = store.rows(reads.lineage(columns=["child_run", "parent_run"]))
     fold_list = folds_of(run_groups(tuning_runs, edges), folds, settings.seed)
     by_rule: dict[str, list] = {}
     for p, default, parent, _, _, outs in scored:

@@ -27,7 +27,7 @@ import polars as pl
 
 from detectors.builtins.plateaus import Plateau
 from detectors.rules import Rule
-from workbench.store import Store
+from workbench.store import Store, reads
 
 EMA_WEIGHT, EPS, W, HORIZON = 0.9, 0.005, 100, 200
 FRACTIONS = (10, 25, 50)
@@ -68,11 +68,7 @@ PREDICTOR_RULES = {
 
 def loss_series(store: Store, run_ids: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per run, the steps and values of its loss (the tag with the most points if several)."""
-    df = (
-        store.connect()
-        .sql("SELECT run_id, tag, step, value FROM scalars WHERE metric = 'loss' ORDER BY run_id, tag, step")
-        .pl()
-    )
+    df = store.query(reads.metric_points("loss"))
     df = df.filter(pl.col("run_id").is_in(run_ids))
     best = (
         df.group_by("run_id", "tag")

@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from detectors.builtins import builtin_rules
 from detectors.engine import evaluate
 from detectors.rules import Rule, load_rule_file
-from detectors.series import Coded, ReplayError, SeriesData
+from detectors.series import ReplayError, SeriesData
 from detectors.streaks import ALERT_SCHEMA
-from workbench.store import Store
+from workbench.store import Store, coded, reads
 
 if TYPE_CHECKING:
     from workbench.executor import Executor
@@ -38,36 +37,7 @@ def default_rules() -> list[Rule]:
 
 def select_runs(store: Store, runs_glob: str | None = None) -> list[tuple[str, int]]:
     """(run_id, current points) of the runs matching the glob, in run order."""
-    con = store.connect()
-    return con.execute(
-        "SELECT run_id, coalesce(points, 0) FROM runs WHERE ? IS NULL OR run_id GLOB ? ORDER BY run_id",
-        [runs_glob, runs_glob],
-    ).fetchall()
-
-
-# runs whose current points need the `scalars` view: a chunk's points reach past where a later
-# chunk of the same run, source and tag starts (a resume), or a tag logged by several sources
-RANKED_RUNS = """
-    SELECT c.run_id FROM _cutoffs k JOIN _chunk_tags ct USING (chunk_id, tag) JOIN _chunks c USING (chunk_id)
-    WHERE k.cutoff <= ct.max_step AND list_contains(?1, c.run_id)
-    UNION SELECT run_id FROM _multi_source WHERE list_contains(?1, run_id)"""
-
-
-def _enum(names: list[str]) -> str:
-    """A DuckDB ENUM type of these names: a column cast to it comes back as dictionary codes."""
-    return "ENUM(" + ", ".join("'" + n.replace("'", "''") + "'" for n in names) + ")" if names else "VARCHAR"
-
-
-def _codes(column: pa.ChunkedArray, names: list[str]) -> np.ndarray:
-    """Indices into `names` of a dictionary column (each chunk's dictionary mapped onto them)."""
-    if not len(column):
-        return np.zeros(0, np.int32)
-    at = {n: i for i, n in enumerate(names)}
-    parts = []
-    for chunk in column.chunks:
-        mapping = np.array([at[n] for n in chunk.dictionary.to_pylist()] or [0], np.int32)
-        parts.append(mapping[chunk.indices.to_numpy(zero_copy_only=False)])
-    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+    return store.rows(reads.run_sizes(runs_glob))
 
 
 def load(store: Store, runs: list[str] | str | None = None, con=None) -> SeriesData:
@@ -76,54 +46,8 @@ def load(store: Store, runs: list[str] | str | None = None, con=None) -> SeriesD
     if runs is None or isinstance(runs, str):
         runs = [r for r, _ in select_runs(store, runs)]
     runs = sorted(runs)
-    con = con or store.connect()
-    # runs where no point of one file is superseded by another file's, and no tag is logged by
-    # two sources: their current points are the parts' rows not superseded inside their chunk,
-    # read without the `scalars` view's ranking; the others through it
-    ranked = sorted(r for (r,) in con.execute(RANKED_RUNS, [runs]).fetchall())
-    direct = [r for r in runs if r not in set(ranked)]
-    tag_rows = con.execute(
-        "SELECT DISTINCT ct.tag, m.metric FROM _chunk_tags ct JOIN _chunks c USING (chunk_id) "
-        "LEFT JOIN _tag_metric m USING (tag) WHERE list_contains(?, c.run_id) ORDER BY ct.tag",
-        [runs],
-    ).fetchall()
-    tags = [t for t, _ in tag_rows]
-    # tags as ENUM codes and runs by chunk id: no per-point string reaches Python
-    at = {r: i for i, r in enumerate(runs)}
-    chunks = sorted(
-        (c, at[r])
-        for c, r in con.execute(
-            "SELECT chunk_id, run_id FROM _chunks WHERE list_contains(?, run_id)", [direct]
-        ).fetchall()
-    )
-    parts = con.sql(
-        f"SELECT chunk_id, tag::{_enum(tags)} AS tag, step, value FROM _parts "
-        "WHERE NOT local_superseded AND list_contains(?, run_id)",
-        params=[direct],
-    ).to_arrow_table()
-    chunk_ids = np.array([c for c, _ in chunks], np.int64)
-    chunk_run = np.array([r for _, r in chunks], np.int32)
-    rid = [chunk_run[np.searchsorted(chunk_ids, parts["chunk_id"].to_numpy())]]
-    tid, step, value = [_codes(parts["tag"], tags)], [parts["step"].to_numpy()], [parts["value"].to_numpy()]
-    if ranked:
-        view = con.sql(
-            f"SELECT run_id::{_enum(runs)} AS run_id, tag::{_enum(tags)} AS tag, step, value FROM scalars "
-            "WHERE list_contains(?, run_id)",
-            params=[ranked],
-        ).to_arrow_table()
-        rid.append(_codes(view["run_id"], runs))
-        tid.append(_codes(view["tag"], tags))
-        step.append(view["step"].to_numpy())
-        value.append(view["value"].to_numpy())
-
-    def cat(arrays):  # (no copy of a single array)
-        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-
-    coded = Coded(runs, tags, [m for _, m in tag_rows], cat(rid), cat(tid), cat(step), cat(value))
-    ev = con.sql(
-        "SELECT run_id, step, kind, attrs FROM events WHERE list_contains(?, run_id)", params=[runs]
-    ).pl()
-    return SeriesData(coded, ev, runs)
+    points, events = coded.load(con or store.connect(), runs)
+    return SeriesData(points, events, runs)
 
 
 def prefetched(store: Store, groups: list[list[str]]) -> Iterator[SeriesData]:

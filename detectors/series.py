@@ -14,6 +14,7 @@ from detectors.language import Name
 from workbench.errors import WorkbenchError
 from workbench.jit import njit
 from workbench.store import aliases
+from workbench.store.coded import Coded
 
 UNIT = ["rid", "key"]  # an evaluation unit: a run, or a run and a tag for glob rules
 
@@ -47,37 +48,6 @@ def _bucket(rid, tid, step, value, n_runs, n_buckets):
             if o_step[j] < o_step[j - 1]:
                 in_order = False
     return o_rid, o_step, o_value, bounds, in_order
-
-
-@dataclass
-class Coded:
-    """Points as integer codes: `rid` indexes `runs`, `tid` indexes `tags` (and `metrics`, each
-    tag's canonical metric or None). A replay loads these straight from the store, so no
-    per-point string is ever built."""
-
-    runs: list[str]
-    tags: list[str]
-    metrics: list[str | None]
-    rid: np.ndarray
-    tid: np.ndarray
-    step: np.ndarray
-    value: np.ndarray
-
-    @classmethod
-    def of(cls, points: pl.DataFrame) -> Coded:
-        """The codes of a (run_id, tag, metric, step, value) frame."""
-        runs = sorted(points["run_id"].unique().to_list())
-        per_tag = points.group_by("tag").agg(pl.col("metric").first()).sort("tag")
-        tags = per_tag["tag"].to_list()
-        return cls(
-            runs,
-            tags,
-            per_tag["metric"].to_list(),
-            points["run_id"].cast(pl.Enum(runs)).to_physical().cast(pl.Int32).to_numpy(),
-            points["tag"].cast(pl.Enum(tags)).to_physical().cast(pl.Int32).to_numpy(),
-            points["step"].to_numpy(),
-            points["value"].to_numpy(),
-        )
 
 
 @dataclass

@@ -21,6 +21,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from workbench.store import reads
 from workbench.store.schema import AGREEMENT
 
 RTOL = 1e-3
@@ -34,28 +35,10 @@ def build(con: duckdb.DuckDBPyConnection, previous: pl.DataFrame, changed: set[s
     keep = previous.filter(~pl.col("run_id").is_in(sorted(changed)))
     # runs where several sources log one metric, from the chunk lists (no point is read for
     # the many runs with one source)
-    multi = con.sql(
-        """SELECT DISTINCT run_id FROM (
-               SELECT c.run_id FROM _chunk_tags ct JOIN _chunks c USING (chunk_id) JOIN _tag_metric m USING (tag)
-               WHERE m.metric IS NOT NULL AND NOT starts_with(ct.tag, 'derived/') AND list_contains(?, c.run_id)
-               GROUP BY c.run_id, m.metric HAVING count(DISTINCT c.source) > 1)""",
-        params=[sorted(changed)],
-    ).fetchall()
+    multi = reads.multi_source_metric_runs(sorted(changed)).rows(con)
     if not multi:
         return keep.sort("run_id", "metric", "source_a", "source_b")
-    pts = con.sql(
-        """WITH cur AS (SELECT run_id, metric, source, tag, step, value, source_file
-                        FROM _points WHERE NOT superseded AND metric IS NOT NULL AND list_contains(?, run_id)
-                        AND NOT starts_with(tag, 'derived/')),
-                best AS (SELECT run_id, metric, source, arg_max(tag, n) AS tag FROM (
-                             SELECT run_id, metric, source, tag, count(*) AS n FROM cur GROUP BY ALL)
-                         GROUP BY ALL),
-                multi AS (SELECT run_id, metric FROM best GROUP BY ALL HAVING count(*) > 1)
-           SELECT cur.run_id, cur.metric, cur.source, cur.tag, cur.step, cur.value, cur.source_file
-           FROM cur SEMI JOIN multi USING (run_id, metric) SEMI JOIN best USING (run_id, metric, source, tag)
-           ORDER BY ALL""",
-        params=[sorted(r for (r,) in multi)],
-    ).pl()
+    pts = reads.agreement_points(sorted(r for (r,) in multi)).frame(con)
     rows = []
     for (run, metric), g in pts.group_by("run_id", "metric", maintain_order=True):
         series = {

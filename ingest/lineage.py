@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import duckdb
 import polars as pl
 
+from workbench.store import reads
 from workbench.store.schema import LINEAGE
 
 
@@ -220,11 +221,7 @@ def path_to(con, run_id: str) -> list[tuple[str, int | None]]:
     path = [(run_id, None)]
     seen = {run_id}
     while True:
-        e = con.execute(
-            "SELECT parent_run, parent_step FROM lineage WHERE child_run = ? AND parent_run <> child_run "
-            "ORDER BY kind = 'fork', parent_step LIMIT 1",
-            [path[0][0]],
-        ).fetchall()[:1]
+        e = reads.continued_from(path[0][0]).rows(con)[:1]
         if not e or e[0][0] in seen:
             return path
         seen.add(e[0][0])
@@ -243,11 +240,11 @@ class TreeNode:
 def tree(con, run_id: str) -> TreeNode:
     """The lineage tree that holds `run_id`, from the root of its path down to every continuation."""
     root = path_to(con, run_id)[0][0]
-    edges = con.sql("SELECT * FROM lineage").pl()
+    edges = reads.lineage().frame(con)
     runs = {
         r["run_id"]: r
-        for r in con.sql("SELECT run_id, status, first_step, last_step, segments FROM runs")
-        .pl()
+        for r in reads.runs(["run_id", "status", "first_step", "last_step", "segments"])
+        .frame(con)
         .iter_rows(named=True)
     }
 
@@ -265,11 +262,7 @@ def tree(con, run_id: str) -> TreeNode:
 
 def _tag_filter(con, run: str, tag: str) -> str:
     """The tag to read in `run`: `tag` itself, else the run's tag for that metric with most points."""
-    hit = con.execute(
-        "SELECT tag FROM scalars WHERE run_id = ? AND (tag = ? OR metric = ?) "
-        "GROUP BY tag ORDER BY tag <> ?, count(*) DESC LIMIT 1",
-        [run, tag, tag, tag],
-    ).fetchall()[:1]
+    hit = reads.tag_for(run, tag).rows(con)[:1]
     return hit[0][0] if hit else tag
 
 
@@ -279,16 +272,10 @@ def stitched(con, run_id: str, tag: str) -> pl.DataFrame:
     hops = path_to(con, run_id)
     parts = []
     for i, (run, _) in enumerate(hops):
-        s = con.sql(
-            "SELECT step, value, ? AS run_id FROM scalars WHERE run_id = ? AND tag = ? ORDER BY step",
-            params=[run, run, _tag_filter(con, run, tag)],
-        ).pl()
+        s = reads.series(run, _tag_filter(con, run, tag)).frame(con).with_columns(run_id=pl.lit(run))
         if i + 1 < len(hops):
             nxt_run = hops[i + 1][0]
-            nxt = con.execute(
-                "SELECT min(step) FROM scalars WHERE run_id = ? AND tag = ?",
-                [nxt_run, _tag_filter(con, nxt_run, tag)],
-            ).fetchall()[0][0]
+            nxt = reads.first_step(nxt_run, _tag_filter(con, nxt_run, tag)).rows(con)[0][0]
             if nxt is not None:
                 s = s.filter(pl.col("step") < nxt)
         parts.append(s.with_columns(hop=pl.lit(i, pl.Int64)))

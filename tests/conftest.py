@@ -1,11 +1,11 @@
-"""Shared helpers: a fresh store per test, ingest through the library, query through DuckDB."""
+"""Shared helpers: a fresh store per test, ingest through the library (tests read through the
+store's own API: `store.query(sql)`, `store.scalars(...)`, `store.events(...)`)."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-import polars as pl
 import pytest
 from click.testing import CliRunner, Result
 
@@ -34,11 +34,6 @@ def data_copy(tmp_path) -> Path:
     dst = tmp_path / "data"
     shutil.copytree(DATA, dst)
     return dst
-
-
-def q(store: Store, sql: str) -> pl.DataFrame:
-    """A one-shot query, as `workbench sql` makes it: only the views it reads are created."""
-    return store.connect(sql).sql(sql).pl()
 
 
 def ingest_paths(store: Store, *paths: Path, **kw):

@@ -8,7 +8,7 @@ import math
 import os
 import shutil
 
-from conftest import DATA, ingest_paths, q
+from conftest import DATA, ingest_paths
 from real_samples import settle
 
 from workbench.store import Store
@@ -41,8 +41,8 @@ def real_tree_store(tmp_path_factory, runs: dict[str, str]) -> Store:
 
 
 def stored(store: Store, run: str, tag: str, view: str = "scalars_all") -> dict[int, float]:
-    rows = q(
-        store, f"SELECT step, value FROM {view} WHERE run_id = '{run}' AND tag = '{tag}' ORDER BY step"
+    rows = store.query(
+        f"SELECT step, value FROM {view} WHERE run_id = '{run}' AND tag = '{tag}' ORDER BY step"
     ).rows()
     return dict(rows)
 

@@ -10,7 +10,7 @@ import shutil
 import time
 from pathlib import Path
 
-from conftest import DATA, ingest_paths, q
+from conftest import DATA, ingest_paths
 
 from workbench.store import Store
 
@@ -57,19 +57,8 @@ def sample_store(tmp_path_factory, runs: list[str]) -> Store:
     return store
 
 
-def series(store, run, tag, view="scalars"):
-    return q(store, f"SELECT step, value FROM {view} WHERE run_id = '{run}' AND tag = '{tag}' ORDER BY step")
-
-
-def events(store, run, kind):
-    return q(
-        store,
-        f"SELECT step, message, attrs FROM events WHERE run_id = '{run}' AND kind = '{kind}' ORDER BY \"offset\"",
-    )
-
-
 def contents(store, run):
-    rows = q(store, f"SELECT contents FROM files WHERE run_id = '{run}'")["contents"]
+    rows = store.query(f"SELECT contents FROM files WHERE run_id = '{run}'")["contents"]
     return json.loads(rows[0])
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from conftest import ingest_paths, q
+from conftest import ingest_paths
 from streamlit.testing.v1 import AppTest
 
 from workbench.store import Store
@@ -65,10 +65,10 @@ def line(fig: dict, name: str) -> dict:
 def test_runs_page_filters_config_and_opens_curves(app, sample_store):
     at = app()
     df = at.dataframe[0].value
-    assert len(df) == q(sample_store, "SELECT count(*) n FROM runs")["n"][0]
+    assert len(df) == sample_store.query("SELECT count(*) n FROM runs")["n"][0]
     assert {"status", "label", "alerts", "last_loss"} <= set(df.columns)
     at.text_input(key="runs_pattern").input("^healthy").run()
-    healthy = q(sample_store, "SELECT run_id FROM runs WHERE run_id LIKE 'healthy%' ORDER BY 1")["run_id"]
+    healthy = sample_store.query("SELECT run_id FROM runs WHERE run_id LIKE 'healthy%' ORDER BY 1")["run_id"]
     assert sorted(at.dataframe[0].value["run_id"]) == healthy.to_list()
     assert at.query_params["q"] == "^healthy"  # the filter is in the URL
     at.text_input(key="runs_pattern").input("([").run()
@@ -77,7 +77,7 @@ def test_runs_page_filters_config_and_opens_curves(app, sample_store):
     at.multiselect(key="runs_label").set_value(["failed"]).run()
     assert (
         len(at.dataframe[0].value)
-        == q(sample_store, "SELECT count(*) n FROM labels WHERE outcome = 'failed'")["n"][0]
+        == sample_store.query("SELECT count(*) n FROM labels WHERE outcome = 'failed'")["n"][0]
     )
     # the config table: one column per key that differs between the runs shown
     at.multiselect(key="runs_label").set_value([]).run()  # none picked: all
@@ -140,16 +140,14 @@ def test_wall_time_comes_from_another_source_of_the_same_step(app, sample_store)
     )
     fig = figures(at)["train/loss"]
     assert fig["layout"]["xaxis"]["type"] == "date"
-    tb = q(
-        sample_store,
+    tb = sample_store.query(
         "SELECT step, wall_time FROM scalars_all WHERE run_id = 'attention_collapse' AND tag = 'train/loss' "
         "AND source = 'tensorboard' ORDER BY step",
     )
     x = values(line(fig, "attention_collapse")["x"])
     offset = x[0] - tb["wall_time"][0] * 1000  # the local-time shift, the same for every point
     assert len(x) == tb.height and np.allclose(x - offset, tb["wall_time"].to_numpy() * 1000, atol=1)
-    own = q(
-        sample_store,
+    own = sample_store.query(
         "SELECT wall_time FROM scalars WHERE run_id = 'healthy_seed1_wide' AND tag = 'train/loss' ORDER BY step",
     )
     assert np.allclose(
@@ -168,12 +166,10 @@ def test_replaced_points_are_resumes_only(app, sample_store):
     at = app("curves", run=["resumed_after_kill", "attention_collapse"], tags="^train/loss$", replaced="1")
     fig = figures(at)["train/loss"]
     replaced = next(t for t in fig["data"] if t.get("name") == "replaced by a resume")
-    resumed = q(
-        sample_store,
+    resumed = sample_store.query(
         "SELECT count(*) n FROM scalars_all WHERE run_id = 'resumed_after_kill' AND tag = 'train/loss' AND superseded",
     )["n"][0]
-    duplicates = q(
-        sample_store,
+    duplicates = sample_store.query(
         "SELECT count(*) n FROM scalars_all WHERE run_id = 'attention_collapse' AND tag = 'train/loss' AND superseded",
     )["n"][0]
     assert (

@@ -2,12 +2,17 @@
 
 ground: workbench.errors, workbench.executor, workbench.jit, workbench.store.*  (format-blind: no ingest, no detectors)
 middle: ingest.*  |  detectors.*                  (side by side: neither imports the other)
-faces:  workbench.cli, workbench.render, workbench.watch, workbench.notify, workbench.app.*, app.py
+faces:  workbench (the package: the Python API, workbench.api), workbench.cli, workbench.render,
+        workbench.watch, workbench.notify, workbench.app.*, app.py
+
+And the store's private views (`_chunks`, `_parts`, `_points`, ...) are named in SQL only inside
+workbench/store/: everything above asks the store's questions (workbench/store/reads.py).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,9 +63,9 @@ def _imports(module: str, modules: dict[str, Path] = MODULES) -> set[str]:
 
 def layer(module: str) -> str:
     # the executors map a function over items and import nothing of the layers (Ray only when
-    # asked), the JIT wrapper only numba; the bare `workbench` package imports nothing
+    # asked), the JIT wrapper only numba; the `workbench` package is the library's face (it
+    # imports nothing when imported: its names resolve on first use)
     ground = (
-        "workbench",
         "workbench.errors",
         "workbench.executor",
         "workbench.ray_executor",
@@ -145,3 +150,53 @@ def test_every_format_module_declares_the_contract():
     ranked = precedence(ingestors)
     assert ranked[0] == "hf_trainer" and ranked[-1] == "text_log"
     assert set(ranked) == {i.name for i in ingestors if i.precedence is not None}
+
+
+def test_importing_workbench_loads_nothing_heavy():
+    """The CLI imports the package first: its names (wb.Store, wb.ingest, ...) load on use."""
+    code = (
+        "import sys, workbench; heavy = ('polars', 'pyarrow', 'numba', 'duckdb', 'workbench.store');"
+        "print(sorted(m for m in heavy if m in sys.modules)); workbench.Store; print('polars' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.split() == ["[]", "True"]
+
+
+def _private_views() -> set[str]:
+    """The store's private names: `_` + each table of a generation, and each `_name` view."""
+    from workbench.store import schema
+
+    views = (ROOT / "workbench/store/views.py").read_text(encoding="utf-8")
+    return {f"_{t}" for t in {**schema.META_TABLES, **schema.DERIVED_TABLES}} | set(
+        re.findall(r"VIEW (_\w+) AS", views)
+    )
+
+
+PRIVATE = re.compile(r"(?<![\w.])(" + "|".join(sorted(_private_views(), key=len, reverse=True)) + r")\b")
+
+
+def _private_names_in_strings(path: Path) -> list[str]:
+    """`file:line: name` of every string constant (SQL text, f-string parts) naming a private view."""
+    return [
+        f"{path.relative_to(ROOT)}:{n.lineno}: {m[1]}"
+        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        for m in PRIVATE.finditer(n.value)
+    ]
+
+
+def test_only_the_store_names_its_private_views():
+    assert {
+        "_chunks",
+        "_chunk_tags",
+        "_parts",
+        "_points",
+        "_files",
+        "_cutoffs",
+        "_tag_metric",
+    } <= _private_views()
+    # the check sees them where they are named: the store's own questions
+    assert "_points" in " ".join(_private_names_in_strings(ROOT / "workbench/store/reads.py"))
+    outside = [p for m, p in MODULES.items() if not m.startswith("workbench.store")]
+    outside += sorted((ROOT / "benchmarks").glob("*.py")) + sorted(SAMPLE_RUNS.values())
+    assert [hit for p in outside for hit in _private_names_in_strings(p)] == []

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import copy_store, ingest_paths, q
+from conftest import copy_store, ingest_paths
 
 ROOT = Path(__file__).parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -127,7 +127,7 @@ def test_main_flows(server, store, tmp_path):
         page = browser.new_page(viewport={"width": 1440, "height": 1400})
 
         # Runs: filter, tick two rows in the grid, open them in Curves
-        n = q(store, "SELECT count(*) n FROM runs")["n"][0]
+        n = store.query("SELECT count(*) n FROM runs")["n"][0]
         page.goto(server + "/")
         page.get_by_label("Run name (regex)").fill("^(attention_collapse|healthy_seed1_wide)$")
         page.keyboard.press("Enter")

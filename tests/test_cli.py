@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import DATA, cli, ingest_paths, q
+from conftest import DATA, cli, ingest_paths
 
 from workbench.cli import main
 from workbench.render import NOTES_QUERY
@@ -183,7 +183,7 @@ def test_label_command_overrides_and_is_reported(tmp_path):
         ).stdout
         == ""
     )
-    rows = q(Store(store), "SELECT run_id, outcome, onset, kind, source FROM labels").rows()
+    rows = Store(store).query("SELECT run_id, outcome, onset, kind, source FROM labels").rows()
     assert rows == [("run_a", "failed", 120, "loss_spike", "manual")]
     bad = wb("label", "nope", "--outcome", "failed", store=store, check=False)
     assert bad.returncode == 2 and "workbench runs" in bad.stderr

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import ingest_paths, q
+from conftest import ingest_paths
 from writers import tbx_scalars
 
 from workbench.store import Store, StoreError
@@ -51,12 +51,12 @@ def test_kill_9_at_random_moments_then_reingest_completes(big_tree, tmp_path):
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
         if store.exists():  # whatever was committed is readable and consistent
-            df = q(
-                store, "SELECT run_id, count(*) n, count(DISTINCT step) d FROM scalars_all GROUP BY run_id"
+            df = store.query(
+                "SELECT run_id, count(*) n, count(DISTINCT step) d FROM scalars_all GROUP BY run_id"
             )
             assert all(n == d == POINTS for n, d in zip(df["n"], df["d"], strict=True))
     ingest_paths(store, big_tree)
-    df = q(store, "SELECT count(*) n, count(DISTINCT (run_id, step)) d, sum(value) s FROM scalars_all")
+    df = store.query("SELECT count(*) n, count(DISTINCT (run_id, step)) d, sum(value) s FROM scalars_all")
     assert df.row(0) == (RUNS * POINTS, RUNS * POINTS, RUNS * sum(s * 0.5 for s in range(POINTS)))
     parts = list((store.root / "scalars").glob("*/*.parquet"))
     assert len(parts) == RUNS  # leftovers of killed ingests were collected
@@ -78,7 +78,7 @@ def test_reader_never_blocks_an_ingest(tmp_path):
     assert rel == [(10,)]
     tbx_scalars(tmp_path / "runs/b", {"loss": [(s, 1.0) for s in range(5)]})
     ingest_paths(store, tmp_path / "runs", wait_s=0)
-    assert q(store, "SELECT count(*) n FROM scalars")["n"][0] == 15
+    assert store.query("SELECT count(*) n FROM scalars")["n"][0] == 15
     # the duckdb catalog is replaced atomically and can be opened by the duckdb CLI
     import duckdb
 

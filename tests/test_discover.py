@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from conftest import ingest_paths, q
+from conftest import ingest_paths
 from real_samples import HELLO
 from writers import tbx_scalars
 
@@ -13,7 +13,7 @@ ONE = {"loss": [(0, 1.0), (1, 0.5)]}
 
 
 def _runs(store):
-    return q(store, "SELECT run_id, files FROM runs ORDER BY run_id").rows()
+    return store.query("SELECT run_id, files FROM runs ORDER BY run_id").rows()
 
 
 def test_plain_tensorboard_tree_each_folder_is_a_run(store, tmp_path):
@@ -38,7 +38,7 @@ def test_container_folders_attach_to_their_run(store, tmp_path):
     tbx_scalars(tmp_path / "r/ds/monitor_tb/job1", ONE)
     ingest_paths(store, tmp_path / "r")
     assert _runs(store) == [("ds", 1), ("hf_out", 2), ("run1", 1), ("run2", 1)]
-    assert q(store, "SELECT segments FROM runs WHERE run_id = 'hf_out'")["segments"][0] == 2
+    assert store.query("SELECT segments FROM runs WHERE run_id = 'hf_out'")["segments"][0] == 2
 
 
 def test_hparams_subfolder_attaches_and_checkpoints_are_not_runs(store, tmp_path):
@@ -62,7 +62,7 @@ def test_store_inside_the_tree_and_stray_files(tmp_path):
     r2 = ingest_paths(store, tmp_path / "r")  # the store's own files must not be ingested
     assert r.files_read == 1 and r.files_skipped == 2
     assert r2.files_read == 0 and r2.files_skipped == 2
-    skipped = q(store, "SELECT path, note FROM files WHERE status = 'skipped' ORDER BY path")
+    skipped = store.query("SELECT path, note FROM files WHERE status = 'skipped' ORDER BY path")
     assert [p.rsplit("/", 1)[1] for p in skipped["path"]] == [
         "README.md",
         "events.out.tfevents.0.host.profile-empty",
@@ -75,7 +75,7 @@ def test_empty_event_file_is_reported_not_fatal(store, tmp_path):
     (tmp_path / "r/b/events.out.tfevents.1.host").write_bytes(b"")
     r = ingest_paths(store, tmp_path / "r")
     assert r.problems == []
-    assert q(store, "SELECT run_id, points FROM runs ORDER BY run_id").rows() == [("a", 2), ("b", 0)]
+    assert store.query("SELECT run_id, points FROM runs ORDER BY run_id").rows() == [("a", 2), ("b", 0)]
 
 
 def test_run_folder_with_many_sources_is_one_run(store, tmp_path):
@@ -89,9 +89,9 @@ def test_run_folder_with_many_sources_is_one_run(store, tmp_path):
     (run / "checkpoints").mkdir()
     (run / "checkpoints/ckpt_10.json").write_text(json.dumps({"step": 10, "sha256": "ab"}))
     ingest_paths(store, tmp_path / "runs")
-    runs = q(store, "SELECT run_id, formats, files, segments FROM runs").rows()
+    runs = store.query("SELECT run_id, formats, files, segments FROM runs").rows()
     assert runs == [("exp1", "jsonl,tensorboard,text_log", 4, 4)]
-    tags = set(q(store, "SELECT DISTINCT tag FROM scalars")["tag"])
+    tags = set(store.query("SELECT DISTINCT tag FROM scalars")["tag"])
     assert {"train/loss", "loss", "opt/grad_norm", "derived/loss_scale"} <= tags
 
 
@@ -105,10 +105,10 @@ def test_torch_checkpoints_with_metadata_beside_them(store, tmp_path):
     )
     (run / "checkpoints/step_200.pt").write_bytes(b"y" * 10)
     ingest_paths(store, tmp_path / "r")
-    rows = q(store, "SELECT run_id, step, kind, size, metadata FROM checkpoints ORDER BY step").rows()
+    rows = store.query("SELECT run_id, step, kind, size, metadata FROM checkpoints ORDER BY step").rows()
     assert [r[:4] for r in rows] == [("exp", 100, "torch", 1000), ("exp", 200, "torch", 10)]
     assert json.loads(rows[0][4]) == {"parent_run": "exp0", "sha256": "ab12", "step": 100}
     (run / "checkpoints/ckpt_100.pt").unlink()  # rotated away
     (run / "checkpoints/ckpt_100.json").unlink()
     ingest_paths(store, tmp_path / "r")
-    assert q(store, "SELECT step FROM checkpoints")["step"].to_list() == [200]
+    assert store.query("SELECT step FROM checkpoints")["step"].to_list() == [200]

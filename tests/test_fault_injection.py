@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import ingest_paths, q
+from conftest import ingest_paths
 from tensorboard.compat.proto import event_pb2
 from tensorboardX.record_writer import masked_crc32c
 from writers import tbx_scalars
@@ -212,7 +212,7 @@ def test_one_ingest_of_the_whole_corpus_exits_0_without_a_traceback(corpus):
 def test_every_good_point_of_every_good_file_is_stored(corpus):
     _, _, good, store, _ = corpus
     for run_id, points in good.items():
-        got = q(store, f"SELECT tag, step, value FROM scalars_all WHERE run_id = '{run_id}'").rows()
+        got = store.query(f"SELECT tag, step, value FROM scalars_all WHERE run_id = '{run_id}'").rows()
         assert len(got) == len(points) and set(got) == points, run_id
 
 
@@ -254,7 +254,7 @@ def test_the_case_list_is_the_corpus(corpus):
 def test_each_bad_file_is_a_problem_row_and_keeps_its_good_points(corpus, name):
     root, cases, _, store, _ = corpus
     case = cases[name]
-    problems = q(store, "SELECT path, kind, message FROM problems").rows()
+    problems = store.query("SELECT path, kind, message FROM problems").rows()
     mine = [(k, m) for path, k, m in problems if path == str(case.path)]
     if case.kind is None:
         assert mine == []
@@ -263,7 +263,7 @@ def test_each_bad_file_is_a_problem_row_and_keeps_its_good_points(corpus, name):
     if case.path.name == "labels.toml":
         return
     run_id = case.path.parent.relative_to(root).as_posix()
-    got = q(store, f"SELECT tag, step, value FROM scalars_all WHERE source_file = '{case.path}'").rows()
+    got = store.query(f"SELECT tag, step, value FROM scalars_all WHERE source_file = '{case.path}'").rows()
     assert len(got) == len(set(got))
     if case.prefix_of is not None:
         assert (
@@ -295,8 +295,8 @@ def test_a_file_that_vanishes_after_discovery_is_a_problem_and_the_rest_is_store
     store = Store(tmp_path / "store")
     report = ingest_paths(store, tmp_path / "runs")
     assert [(p, x.kind) for p, x in report.problems] == [(str(gone), "not_read")]
-    assert q(store, "SELECT count(*) n FROM scalars WHERE run_id = 'keep'")["n"][0] == 50
-    assert q(store, "SELECT path FROM problems")["path"].to_list() == [str(gone)]
+    assert store.query("SELECT count(*) n FROM scalars WHERE run_id = 'keep'")["n"][0] == 50
+    assert store.query("SELECT path FROM problems")["path"].to_list() == [str(gone)]
 
 
 def test_a_gz_bomb_stops_at_its_cap_with_the_lines_before_kept(tmp_path, monkeypatch):
@@ -309,7 +309,7 @@ def test_a_gz_bomb_stops_at_its_cap_with_the_lines_before_kept(tmp_path, monkeyp
     store = Store(tmp_path / "store")
     report = ingest_paths(store, tmp_path / "run")
     assert [x.kind for _, x in report.problems] == ["gz_too_large"]
-    steps = q(store, "SELECT step FROM scalars ORDER BY step")["step"].to_list()
+    steps = store.query("SELECT step FROM scalars ORDER BY step")["step"].to_list()
     assert 0 < len(steps) < 100 and steps == list(range(len(steps)))
 
 
@@ -351,7 +351,7 @@ def test_a_file_not_read_is_one_problem_row_until_it_goes(tmp_path):
     store = Store(tmp_path / "store")
     for _ in range(2):
         ingest_paths(store, tmp_path / "runs")
-        assert q(store, "SELECT path, kind FROM problems").rows() == [(str(fifo), "not_read")]
+        assert store.query("SELECT path, kind FROM problems").rows() == [(str(fifo), "not_read")]
     fifo.unlink()
     ingest_paths(store, tmp_path / "runs")
-    assert q(store, "SELECT count(*) n FROM problems")["n"][0] == 0
+    assert store.query("SELECT count(*) n FROM problems")["n"][0] == 0

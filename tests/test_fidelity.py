@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ingest_paths, q
+from conftest import ingest_paths
 from real_samples import SAMPLES, sample_store
 from tbparse import SummaryReader
 from writers import tbx_scalars
@@ -36,7 +36,7 @@ def store(tmp_path_factory):
 
 def steps(store, run, tag, view="scalars", source=None):
     where = f" AND source = '{source}'" if source else ""
-    df = q(store, f"SELECT step FROM {view} WHERE run_id = '{run}' AND tag = '{tag}'{where} ORDER BY step")
+    df = store.query(f"SELECT step FROM {view} WHERE run_id = '{run}' AND tag = '{tag}'{where} ORDER BY step")
     return df["step"].to_list()
 
 
@@ -49,7 +49,7 @@ def test_resumed_deepspeed_console_is_kept_and_ordered_by_its_timestamps(store):
     first, second = ds_steps(SAMPLES / run / "stdout.log"), ds_steps(SAMPLES / run / "resume.stdout.log")
     assert first[0] == second[0] == 0 and second[1] == 210  # both consoles start with the engine's step=0
     files = dict(
-        q(store, f"SELECT path, segment FROM files WHERE run_id = '{run}' AND format = 'text_log'").rows()
+        store.query(f"SELECT path, segment FROM files WHERE run_id = '{run}' AND format = 'text_log'").rows()
     )
     seg = {Path(p).name: s for p, s in files.items()}
     assert seg["stdout.log"] < seg["resume.stdout.log"]  # by first timestamp, not by path
@@ -58,7 +58,9 @@ def test_resumed_deepspeed_console_is_kept_and_ordered_by_its_timestamps(store):
     current = steps(store, run, "skipped")
     assert current == sorted(set(first) | set(second[1:])) and current[-1] == 400
     # the killed process's steps 210..230 are superseded by the resumed one's, nothing else
-    sup = q(store, f"SELECT step FROM scalars_all WHERE run_id = '{run}' AND tag = 'skipped' AND superseded")
+    sup = store.query(
+        f"SELECT step FROM scalars_all WHERE run_id = '{run}' AND tag = 'skipped' AND superseded"
+    )
     assert sup["step"].to_list() == [210, 220, 230]
 
 
@@ -67,8 +69,7 @@ def test_throughput_lines_take_the_engine_step_after_a_resume(store):
     text = (SAMPLES / run / "resume.stdout.log").read_text()
     timer_steps = [int(m) for m in re.findall(r"global_step=(\d+), RunningAvg", text)]
     assert timer_steps[0] == 10  # the throughput timer restarts at 0 in the resumed process
-    resumed = q(
-        store,
+    resumed = store.query(
         f"SELECT step FROM scalars_all WHERE run_id = '{run}' AND tag = 'CurrSamplesPerSec' "
         "AND source_file LIKE '%resume.stdout.log' ORDER BY step",
     )["step"].to_list()
@@ -86,8 +87,7 @@ def test_deepspeed_monitor_series_land_on_optimizer_steps(store):
         tb = SummaryReader(str(SAMPLES / run / "monitor_tb")).scalars
         tb_steps = sorted(set(tb[tb["tag"] == "Train/Samples/lr"]["step"] // per_step))
         assert steps(store, run, "Train/Samples/lr") == tb_steps == list(range(1, 401))
-    note = q(
-        store,
+    note = store.query(
         "SELECT note FROM files WHERE path LIKE '%default_log_level/monitor_csv/job/Train_Samples_lr.csv'",
     )
     assert "16 x 2 gradient accumulation x world size 1 (assumed" in note["note"][0]
@@ -109,7 +109,7 @@ def test_deepspeed_at_the_default_log_level_counts_steps_from_its_timers(store):
     assert step == 400
     assert steps(store, run, "time/step") == list(range(1, 401))
     assert steps(store, run, "time/optimizer_step") == expected and len(expected) == 394
-    note = q(store, f"SELECT note FROM files WHERE run_id = '{run}' AND format = 'text_log'")["note"][0]
+    note = store.query(f"SELECT note FROM files WHERE run_id = '{run}' AND format = 'text_log'")["note"][0]
     assert "counted from DeepSpeed's global timer lines" in note
 
 
@@ -120,18 +120,17 @@ def test_hf_train_entries_with_token_counts_are_kept(store):
     assert all("train_runtime" in e and "num_input_tokens_seen" in e for e in train)
     for key in ("loss", "grad_norm", "learning_rate", "train_tokens_per_second"):
         assert steps(store, run, key, "scalars_all", "hf_trainer") == [e["step"] for e in train]
-    nan = q(
-        store,
+    nan = store.query(
         f"SELECT count(*) n FROM scalars WHERE run_id = '{run}' AND tag = 'grad_norm' AND isnan(value)",
     )["n"][0]
     assert nan == sum(1 for e in train if e["grad_norm"] != e["grad_norm"]) == 24
-    config = json.loads(q(store, f"SELECT config FROM runs WHERE run_id = '{run}'")["config"][0])
+    config = json.loads(store.query(f"SELECT config FROM runs WHERE run_id = '{run}'")["config"][0])
     assert config["trainer_summary"]["train_loss"] == pytest.approx(state["log_history"][-1]["train_loss"])
 
 
 def test_a_divergence_hidden_by_the_nan_filter_is_diverged(store):
-    status, evidence = q(
-        store, "SELECT status, evidence FROM runs WHERE run_id = 'hf_diverge_nan_filtered'"
+    status, evidence = store.query(
+        "SELECT status, evidence FROM runs WHERE run_id = 'hf_diverge_nan_filtered'"
     ).row(0)
     assert status == "diverged" and evidence.startswith("grad_norm is NaN from step 185")
 
@@ -144,7 +143,9 @@ def test_console_dicts_without_a_step_are_counted_by_logging_steps(store):
         assert steps(store, run, "loss", "scalars_all", "text_log") == train_steps
         eval_steps = [e["step"] for e in state["log_history"] if "eval_loss" in e]
         assert steps(store, run, "eval_loss", "scalars_all", "text_log") == eval_steps
-        note = q(store, f"SELECT note FROM files WHERE run_id = '{run}' AND format = 'text_log'")["note"][0]
+        note = store.query(f"SELECT note FROM files WHERE run_id = '{run}' AND format = 'text_log'")["note"][
+            0
+        ]
         assert "x logging_steps 5" in note
 
 
@@ -154,22 +155,26 @@ def test_keras_csvlogger_appended_fits_continue_the_step_axis(store):
         rows = list(csv.DictReader(f))
     epochs = [int(r["epoch"]) for r in rows]
     assert epochs == [0, 1, 2, 3] * 3
-    loss = q(store, f"SELECT step, value FROM scalars WHERE run_id = '{run}' AND tag = 'loss' ORDER BY step")
+    loss = store.query(
+        f"SELECT step, value FROM scalars WHERE run_id = '{run}' AND tag = 'loss' ORDER BY step"
+    )
     assert loss["step"].to_list() == list(range(12))
     assert loss["value"].to_list() == [float(r["loss"]) for r in rows]
     assert steps(store, run, "epoch") == list(range(12))
-    restarts = q(store, f"SELECT step FROM events WHERE run_id = '{run}' AND kind = 'restart' ORDER BY step")
+    restarts = store.query(
+        f"SELECT step FROM events WHERE run_id = '{run}' AND kind = 'restart' ORDER BY step"
+    )
     assert restarts["step"].to_list() == [4, 8]
 
 
 def test_every_sample_run_agrees_with_itself_across_sources(sample_runs_store):
     store = sample_runs_store
-    verdicts = q(store, "SELECT run_id, metric, source_a, source_b, verdict, agree FROM agreement")
+    verdicts = store.query("SELECT run_id, metric, source_a, source_b, verdict, agree FROM agreement")
     assert verdicts.height > 50
     bad = verdicts.filter(~verdicts["verdict"].is_in(["ok", "few"]))
     assert bad.is_empty(), bad
     assert verdicts.filter(verdicts["verdict"] == "ok")["agree"].min() >= 0.99
-    statuses = q(store, "SELECT DISTINCT status FROM runs")["status"].to_list()
+    statuses = store.query("SELECT DISTINCT status FROM runs")["status"].to_list()
     assert not any(s.startswith("running") for s in statuses)  # a fresh copy is no live run
 
 
@@ -182,12 +187,12 @@ def test_a_mis_scaled_source_is_reported_with_both_sources(store, tmp_path):
             f.write(json.dumps({"step": s * 8, "loss": v}) + "\n")
     s = Store(tmp_path / "store")
     ingest_paths(s, tmp_path / "r")
-    row = q(s, "SELECT verdict, step_scale, agree FROM agreement WHERE metric = 'loss'").row(0)
+    row = s.query("SELECT verdict, step_scale, agree FROM agreement WHERE metric = 'loss'").row(0)
     assert row[0] == "scaled" and abs(row[1]) == 8 and row[2] == 1.0
-    problem = q(s, "SELECT path, kind, message FROM problems").row(0)
+    problem = s.query("SELECT path, kind, message FROM problems").row(0)
     assert problem[1] == "sources_disagree" and "jsonl" in problem[2] and "tensorboard" in problem[2]
     assert "8 times" in problem[2]
-    assert "scaled" in q(s, "SELECT consistency FROM runs")["consistency"][0]
+    assert "scaled" in s.query("SELECT consistency FROM runs")["consistency"][0]
 
 
 def test_monitor_without_any_batch_size_learns_it_from_another_source(tmp_path):
@@ -199,7 +204,7 @@ def test_monitor_without_any_batch_size_learns_it_from_another_source(tmp_path):
     s = Store(tmp_path / "store")
     ingest_paths(s, tmp_path / "r")
     assert steps(s, "ds", "Train/Samples/lr", "scalars_all", "deepspeed_monitor_csv") == list(range(1, 401))
-    config = json.loads(q(s, "SELECT config FROM runs")["config"][0])
+    config = json.loads(s.query("SELECT config FROM runs")["config"][0])
     assert config["learned"] == {"train_batch_size": 32, "from": "agreement with jsonl"}
 
 
@@ -213,7 +218,7 @@ def test_the_console_engine_dump_gives_the_batch_size(tmp_path):
     s = Store(tmp_path / "store")
     ingest_paths(s, tmp_path / "r")
     assert steps(s, "ds", "Train/Samples/lr")[-1] == 400
-    engine = json.loads(q(s, "SELECT config FROM runs")["config"][0])["deepspeed_engine"]
+    engine = json.loads(s.query("SELECT config FROM runs")["config"][0])["deepspeed_engine"]
     assert engine["train_batch_size"] == 16 and engine["world_size"] == 1
 
 
@@ -225,6 +230,6 @@ def test_json_files_that_are_no_log_are_skipped(tmp_path):
     (run / "summary.json").write_text(json.dumps({"best_loss": 0.5, "epochs": 3}))
     s = Store(tmp_path / "store")
     ingest_paths(s, tmp_path / "r")
-    assert q(s, "SELECT formats FROM runs")["formats"][0] == "tensorboard"
-    skipped = q(s, "SELECT count(*) n FROM files WHERE status = 'skipped'")["n"][0]
+    assert s.query("SELECT formats FROM runs")["formats"][0] == "tensorboard"
+    skipped = s.query("SELECT count(*) n FROM files WHERE status = 'skipped'")["n"][0]
     assert skipped == 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DATA, ingest_paths, q
+from conftest import DATA, ingest_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +29,7 @@ def _points_of(tmp, data: bytes) -> list[tuple]:
     (tmp / "run/events.out.tfevents.1.host").write_bytes(data)
     store = Store(tmp / "store")
     ingest_paths(store, tmp / "run")
-    return q(store, "SELECT tag, step, value FROM scalars_all").rows()
+    return store.query("SELECT tag, step, value FROM scalars_all").rows()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import os
 import shutil
 
 import pytest
-from conftest import DATA, ingest_paths, q
+from conftest import DATA, ingest_paths
 from tensorboardX import SummaryWriter
 from writers import tbx_scalars
 
@@ -15,7 +15,7 @@ from ingest import manifest
 
 
 def _snapshot(store):
-    return q(store, "SELECT run_id, tag, step, value, superseded FROM scalars_all ORDER BY ALL")
+    return store.query("SELECT run_id, tag, step, value, superseded FROM scalars_all ORDER BY ALL")
 
 
 def test_reingest_unchanged_tree_reads_nothing_and_changes_nothing(store, data_copy):
@@ -27,7 +27,7 @@ def test_reingest_unchanged_tree_reads_nothing_and_changes_nothing(store, data_c
     assert again.files_unchanged == first.files_read
     assert _snapshot(store).equals(before)
     assert store.current_generation() != gen_before  # a commit happened, with the same content
-    dupes = q(store, "SELECT run_id, tag, step, count(*) n FROM scalars GROUP BY ALL HAVING n > 1")
+    dupes = store.query("SELECT run_id, tag, step, count(*) n FROM scalars GROUP BY ALL HAVING n > 1")
     assert dupes.height == 0
 
 
@@ -37,16 +37,16 @@ def test_growing_file_resumes_from_saved_offset(store, tmp_path):
         w.add_scalar("loss", float(s), s)
     w.flush()
     first = ingest_paths(store, tmp_path / "run")  # tensorboardX flushes asynchronously: some of 50
-    size_1 = q(store, "SELECT consumed FROM files")["consumed"][0]
+    size_1 = store.query("SELECT consumed FROM files")["consumed"][0]
     for s in range(50, 120):
         w.add_scalar("loss", float(s), s)
     w.close()
     r = ingest_paths(store, tmp_path / "run")
     assert r.files_read == 1 and r.points == 120 - first.points
     assert r.bytes_read == (tmp_path / "run").glob("*tfevents*").__next__().stat().st_size - size_1
-    df = q(store, "SELECT step, value FROM scalars ORDER BY step")
+    df = store.query("SELECT step, value FROM scalars ORDER BY step")
     assert df["step"].to_list() == list(range(120))
-    assert q(store, "SELECT count(*) n FROM scalars_all")["n"][0] == 120
+    assert store.query("SELECT count(*) n FROM scalars_all")["n"][0] == 120
 
 
 def test_unfinished_record_completed_later(store, tmp_path):
@@ -56,12 +56,12 @@ def test_unfinished_record_completed_later(store, tmp_path):
     full = src.read_bytes()
     (run / src.name).write_bytes(full[:-7])
     ingest_paths(store, run)
-    assert q(store, "SELECT count(*) n FROM events WHERE kind = 'text'")["n"][0] == 0
+    assert store.query("SELECT count(*) n FROM events WHERE kind = 'text'")["n"][0] == 0
     (run / src.name).write_bytes(full)
     r = ingest_paths(store, run)
     assert r.bytes_read == 87 + 16  # just the completed record
-    assert q(store, "SELECT count(*) n FROM events WHERE kind = 'text'")["n"][0] == 1
-    assert q(store, "SELECT count(*) n FROM scalars")["n"][0] == 40
+    assert store.query("SELECT count(*) n FROM events WHERE kind = 'text'")["n"][0] == 1
+    assert store.query("SELECT count(*) n FROM scalars")["n"][0] == 40
 
 
 def test_rewritten_file_is_reread_alone(store, tmp_path):
@@ -74,7 +74,9 @@ def test_rewritten_file_is_reread_alone(store, tmp_path):
     shutil.rmtree(tmp_path / "scratch")
     r = ingest_paths(store, tmp_path)
     assert r.files_read == 1
-    df = q(store, "SELECT run_id, count(*) n, max(value) v FROM scalars_all GROUP BY run_id ORDER BY run_id")
+    df = store.query(
+        "SELECT run_id, count(*) n, max(value) v FROM scalars_all GROUP BY run_id ORDER BY run_id"
+    )
     assert df.rows() == [("other", 10, 2.0), ("run", 5, 3.0)]
 
 
@@ -84,7 +86,7 @@ def test_deleted_file_keeps_its_points(store, tmp_path):
     f.unlink()
     tbx_scalars(tmp_path / "run2", {"loss": [(0, 1.0)]})
     ingest_paths(store, tmp_path)
-    assert q(store, "SELECT count(*) n FROM scalars WHERE run_id = 'run'")["n"][0] == 30
+    assert store.query("SELECT count(*) n FROM scalars WHERE run_id = 'run'")["n"][0] == 30
 
 
 def test_run_ids_stay_stable_when_a_subfolder_is_ingested(store, tmp_path):
@@ -93,20 +95,20 @@ def test_run_ids_stay_stable_when_a_subfolder_is_ingested(store, tmp_path):
     ingest_paths(store, tmp_path)
     tbx_scalars(tmp_path / "group/exp3", {"loss": [(0, 1.0)]})
     ingest_paths(store, tmp_path / "group")
-    runs = q(store, "SELECT run_id FROM runs ORDER BY run_id")["run_id"].to_list()
+    runs = store.query("SELECT run_id FROM runs ORDER BY run_id")["run_id"].to_list()
     assert runs == ["group/exp1", "group/exp2", "group/exp3"]
 
 
 def test_same_step_twice_in_one_file_keeps_the_last(store, tmp_path):
     tbx_scalars(tmp_path / "run", {"loss": [(0, 1.0), (1, 2.0), (2, 3.0), (1, 20.0), (2, 30.0), (3, 4.0)]})
     ingest_paths(store, tmp_path / "run")
-    assert q(store, "SELECT step, value FROM scalars ORDER BY step").rows() == [
+    assert store.query("SELECT step, value FROM scalars ORDER BY step").rows() == [
         (0, 1.0),
         (1, 20.0),
         (2, 30.0),
         (3, 4.0),
     ]
-    assert q(store, "SELECT count(*) n FROM scalars_all WHERE superseded")["n"][0] == 2
+    assert store.query("SELECT count(*) n FROM scalars_all WHERE superseded")["n"][0] == 2
 
 
 def _rewrite_in_place(path, old: bytes, new: bytes, at: int | None = None) -> None:
@@ -129,8 +131,8 @@ def test_a_same_size_rewrite_in_the_middle_is_read_again(store, tmp_path):
     _rewrite_in_place(f, b'{"step": 1000, "loss": 1.0}', b'{"step": 1000, "loss": 7.0}')
     r = ingest_paths(store, run)
     assert r.files_read == 1
-    assert q(store, "SELECT value FROM scalars WHERE step = 1000")["value"].to_list() == [7.0]
-    assert q(store, "SELECT count(*) n FROM scalars_all")["n"][0] == 2000
+    assert store.query("SELECT value FROM scalars WHERE step = 1000")["value"].to_list() == [7.0]
+    assert store.query("SELECT count(*) n FROM scalars_all")["n"][0] == 2000
 
 
 def test_a_big_event_file_rewritten_in_the_middle_is_read_again(store, tmp_path):
@@ -163,7 +165,7 @@ def test_a_touched_file_is_checked_not_read(store, tmp_path):
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     r = ingest_paths(store, tmp_path / "run")
     assert r.files_read == 0 and r.files_unchanged == 1
-    assert q(store, "SELECT mtime FROM files")["mtime"][0].timestamp() == pytest.approx(
+    assert store.query("SELECT mtime FROM files")["mtime"][0].timestamp() == pytest.approx(
         st.st_mtime + 1, abs=1e-5
     )
     assert ingest_paths(store, tmp_path / "run").files_unchanged == 1  # its new mtime was kept

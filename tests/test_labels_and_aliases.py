@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import ingest_paths, q
+from conftest import ingest_paths
 from writers import tbx_scalars
 
 
@@ -12,9 +12,9 @@ def test_user_aliases_from_workbench_toml(tmp_path, monkeypatch):
     store = Store(tmp_path / "store")
     tbx_scalars(tmp_path / "r", {"my_model/xent": [(0, 1.0)], "train/loss": [(0, 1.0)]})
     ingest_paths(store, tmp_path / "r")
-    assert dict(q(store, "SELECT tag, metric FROM scalars").rows())["my_model/xent"] is None
+    assert dict(store.query("SELECT tag, metric FROM scalars").rows())["my_model/xent"] is None
     (store.root / "workbench.toml").write_text('[aliases]\nloss = ["my_model/*"]\n')
-    assert dict(q(store, "SELECT tag, metric FROM scalars").rows()) == {
+    assert dict(store.query("SELECT tag, metric FROM scalars").rows()) == {
         "my_model/xent": "loss",
         "train/loss": "loss",
     }
@@ -32,7 +32,7 @@ def test_auto_labels_from_evidence_and_manual_override(store, tmp_path):
     )
     r = ingest_paths(store, tmp_path / "r")
     assert [p.kind for _, p in r.problems] == ["bad_label"]
-    labels = q(store, "SELECT run_id, outcome, onset, kind, source FROM labels ORDER BY run_id").rows()
+    labels = store.query("SELECT run_id, outcome, onset, kind, source FROM labels ORDER BY run_id").rows()
     assert labels == [
         ("labelled", "healthy", None, None, "manual"),
         ("nan_run", "failed", 2, "divergence_nan", "auto"),

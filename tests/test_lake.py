@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ingest.source import is_url, local_path, resolve, sync
-from tests.conftest import ingest_paths, q
+from tests.conftest import ingest_paths
 
 boto3 = pytest.importorskip("boto3")
 s3fs = pytest.importorskip("s3fs")
@@ -110,11 +110,11 @@ def test_ingest_from_s3_equals_the_local_folder(bucket, lake, tmp_path):
     report, synced = _ingest_url(remote, f"s3://{name}/lake", opts)
     assert synced.objects > 0 and synced.fetched == synced.objects and synced.appended == 0
     assert sorted(report.runs) == sorted(RUNS)
-    want = q(local, POINTS)
+    want = local.query(POINTS)
     assert want.height > 5000 and want["run_id"].n_unique() == len(RUNS)
-    assert q(remote, POINTS).equals(want)
+    assert remote.query(POINTS).equals(want)
     runs = "SELECT run_id, status, points, tags FROM runs ORDER BY run_id"
-    assert q(remote, runs).equals(q(local, runs))
+    assert remote.query(runs).equals(local.query(runs))
     # checkpoints stay in the bucket (no logs, and often terabytes)
     assert not list(synced.mirror.rglob("checkpoint-*"))
 
@@ -155,15 +155,15 @@ def test_appended_objects_are_read_by_range_and_unchanged_ones_not_at_all(bucket
     assert synced.bytes == len(line) + len(new_records)  # only the new bytes crossed the network
     assert grown.files_read == 2
     assert grown.bytes_read == len(line) + (events.stat().st_size - old_size)
-    assert q(store, "SELECT value FROM scalars WHERE step = 100000 AND tag = 'loss'")["value"].to_list() == [
-        0.125
-    ]
-    assert q(store, "SELECT value FROM scalars WHERE step = 100001")["value"].to_list() == [0.5]
+    assert store.query("SELECT value FROM scalars WHERE step = 100000 AND tag = 'loss'")[
+        "value"
+    ].to_list() == [0.125]
+    assert store.query("SELECT value FROM scalars WHERE step = 100001")["value"].to_list() == [0.5]
 
     # the same store equals a fresh ingest of the grown local folder
     fresh = Store(tmp_path / "fresh")
     ingest_paths(fresh, lake)
-    assert q(store, POINTS).equals(q(fresh, POINTS))
+    assert store.query(POINTS).equals(fresh.query(POINTS))
 
 
 def test_a_rewritten_object_is_fetched_whole_and_a_deleted_one_removed(bucket, lake, tmp_path):
@@ -190,7 +190,7 @@ def test_a_rewritten_object_is_fetched_whole_and_a_deleted_one_removed(bucket, l
         f"{url}/keras_csvlogger_appended/training.log"
     ]
     # a vanished object's run keeps its stored points, as a deleted local file's
-    assert q(store, "SELECT count(*) AS n FROM scalars WHERE run_id = 'trl_sft_console'")["n"][0] > 0
+    assert store.query("SELECT count(*) AS n FROM scalars WHERE run_id = 'trl_sft_console'")["n"][0] > 0
 
 
 def test_a_same_size_rewrite_and_a_single_object_url(bucket, lake, tmp_path):
@@ -209,12 +209,12 @@ def test_a_same_size_rewrite_and_a_single_object_url(bucket, lake, tmp_path):
     assert (synced.fetched, report.files_read) == (1, 1)
     fresh = Store(tmp_path / "fresh")
     ingest_paths(fresh, lake / "keras_csvlogger_appended")
-    assert q(store, POINTS).equals(q(fresh, POINTS))
+    assert store.query(POINTS).equals(fresh.query(POINTS))
 
     one = Store(tmp_path / "one")  # a URL naming one object ingests that file, as a local path does
     report, synced = _ingest_url(one, f"s3://{name}/lake/keras_csvlogger_appended/training.log", opts)
     assert synced.objects == 1 and synced.path.name == "training.log" and report.files_read == 1
-    assert q(one, POINTS).equals(q(fresh, POINTS))
+    assert one.query(POINTS).equals(fresh.query(POINTS))
 
 
 def test_cli_ingests_a_bucket(bucket, lake, tmp_path, s3_server):

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, cli, ingest_paths, q
+from conftest import DATA, cli, ingest_paths
 from writers import tbx_scalars
 
 from ingest import lineage
@@ -23,8 +23,7 @@ def samples(sample_runs_store):
 
 
 def test_sample_runs_edges(samples):
-    edges = q(
-        samples,
+    edges = samples.query(
         "SELECT child_run, child_segment, parent_run, parent_step, kind, changes FROM lineage ORDER BY child_run",
     ).rows()
     assert [e[:5] for e in edges] == [
@@ -38,17 +37,18 @@ def test_sample_runs_edges(samples):
         "warmup": 0.01,
         "weight_decay": 0.012,
     }
-    ev = q(samples, "SELECT evidence FROM lineage WHERE child_run = 'resumed_after_kill'")["evidence"][0]
+    ev = samples.query("SELECT evidence FROM lineage WHERE child_run = 'resumed_after_kill'")["evidence"][0]
     assert "restarts at step 200 <= previous segment's last step 229" in ev and "loading checkpoint" in ev
 
 
 def test_recovered_status_keeps_the_failed_label(samples):
-    row = q(
-        samples, "SELECT status, recovered_by, evidence FROM runs WHERE run_id = 'attention_collapse'"
+    row = samples.query(
+        "SELECT status, recovered_by, evidence FROM runs WHERE run_id = 'attention_collapse'"
     ).row(0)
     assert row[0] == "recovered" and row[1] == "attention_collapse_recovery" and "ended healthy" in row[2]
     assert (
-        q(samples, "SELECT outcome FROM labels WHERE run_id = 'attention_collapse'")["outcome"][0] == "failed"
+        samples.query("SELECT outcome FROM labels WHERE run_id = 'attention_collapse'")["outcome"][0]
+        == "failed"
     )
 
 
@@ -69,8 +69,8 @@ def test_stitched_series_along_the_recovery(samples):
 def test_real_samples_have_checkpoints_and_no_false_edges(tmp_path):
     store = Store(tmp_path / "s")
     ingest_paths(store, DATA / "real_logs/hf_trainer")
-    assert q(store, "SELECT count(*) n FROM lineage")["n"][0] == 0  # checkpoint-500/-8500 are the same run
-    assert q(store, "SELECT step FROM checkpoints ORDER BY step")["step"].to_list() == [500, 8500]
+    assert store.query("SELECT count(*) n FROM lineage")["n"][0] == 0  # checkpoint-500/-8500 are the same run
+    assert store.query("SELECT step FROM checkpoints ORDER BY step")["step"].to_list() == [500, 8500]
 
 
 def test_hf_output_dir_resumed_into_a_second_runs_folder(tmp_path):
@@ -84,8 +84,7 @@ def test_hf_output_dir_resumed_into_a_second_runs_folder(tmp_path):
     )
     store = Store(tmp_path / "s")
     ingest_paths(store, tmp_path / "runs")
-    assert q(
-        store,
+    assert store.query(
         "SELECT child_run, child_segment, parent_step, kind, parent_checkpoint LIKE '%checkpoint-200' c FROM lineage",
     ).rows() == [("hf_out", 1, 200, "resume", True)]
 
@@ -98,7 +97,7 @@ def test_fork_from_another_runs_checkpoint(tmp_path):
     tbx_scalars(tmp_path / "runs/finetune", {"loss": [(s, 0.5) for s in range(60, 120)]})
     store = Store(tmp_path / "s")
     ingest_paths(store, tmp_path / "runs")
-    assert q(store, "SELECT child_run, parent_run, parent_step, kind FROM lineage").rows() == [
+    assert store.query("SELECT child_run, parent_run, parent_step, kind FROM lineage").rows() == [
         ("finetune", "base", 60, "fork")
     ]
 
@@ -115,7 +114,7 @@ def test_changed_checkpoint_is_reported_on_reingest(tmp_path):
     (run / "checkpoints/ckpt_10.json").write_text(json.dumps({"step": 10, "sha256": digest}))
     store = Store(tmp_path / "s")
     r1 = ingest_paths(store, tmp_path / "runs", hash_checkpoints=True)
-    assert r1.problems == [] and q(store, "SELECT sha256 FROM checkpoints")["sha256"][0] == digest
+    assert r1.problems == [] and store.query("SELECT sha256 FROM checkpoints")["sha256"][0] == digest
     weights.write_bytes(b"b" * 100)  # same size, new content
     os.utime(weights, (time.time() + 5, time.time() + 5))
     r2 = ingest_paths(store, tmp_path / "runs", hash_checkpoints=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ingest_paths, q
+from conftest import ingest_paths
 from real_samples import SAMPLES, sample_store
 from tbparse import SummaryReader
 
@@ -38,7 +38,7 @@ def fired(store, detector) -> dict[str, int]:
 
 
 def test_moe_and_memory_tags_resolve_to_the_guides_names(store):
-    metrics = dict(q(store, "SELECT DISTINCT tag, metric FROM scalars WHERE metric IS NOT NULL").rows())
+    metrics = dict(store.query("SELECT DISTINCT tag, metric FROM scalars WHERE metric IS NOT NULL").rows())
     assert metrics["moe/layer_0/max_load"] == "moe_max_load"
     assert metrics["moe/layer_0/mean_load"] == "moe_mean_load"
     assert metrics["moe/balance_loss"] == "balance_loss"
@@ -94,7 +94,7 @@ def test_memory_rule_fires_before_the_out_of_memory_kill(store):
     pct = tb[tb["tag"] == "memory/rss_pct_of_budget"].sort_values("step")
     assert first["memory_leak_oom"] == int(pct[pct["value"] > 90]["step"].iloc[0]) == 225
     assert first["memory_leak_oom"] < int(pct["step"].max())  # before the last step it logged
-    status = q(store, "SELECT status, evidence FROM runs WHERE run_id = 'memory_leak_oom'").row(0)
+    status = store.query("SELECT status, evidence FROM runs WHERE run_id = 'memory_leak_oom'").row(0)
     assert status[0] == "crashed" and "out of memory" in status[1]
 
 

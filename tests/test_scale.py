@@ -313,13 +313,14 @@ def test_replay_reads_what_the_scalars_view_holds(tmp_path_factory):
     from real_samples import sample_store
 
     from detectors import replay
+    from workbench.store.coded import RANKED_RUNS
 
     store = sample_store(
         tmp_path_factory, ["deepspeed_resumed_after_kill", "healthy_hf_trainer", "keras_csvlogger_appended"]
     )
     con = store.connect()
     runs = [r for (r,) in con.execute("SELECT run_id FROM runs").fetchall()]
-    ranked = {r for (r,) in con.execute(replay.RANKED_RUNS, [runs]).fetchall()}
+    ranked = {r for (r,) in con.execute(RANKED_RUNS, [runs]).fetchall()}
     want = con.sql("SELECT run_id, tag, metric, step, value FROM scalars").pl()
     con.close()
     assert len(runs) == 3 and ranked == {"deepspeed_resumed_after_kill"}  # a resume: the view ranks it

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import cli as run_cli
-from conftest import ingest_paths, q
+from conftest import ingest_paths
 from writers import tbx_scalars
 
 import workbench.store.layout as layout
@@ -82,7 +82,7 @@ def two_generations(two_generations_snapshot):
 
 
 def _points(store: Store) -> int:
-    return q(store, "SELECT count(*) AS n FROM scalars_all")["n"][0]
+    return store.query("SELECT count(*) AS n FROM scalars_all")["n"][0]
 
 
 def _part(store: Store, run_id: str, kind: str = "scalars") -> Path:
@@ -129,21 +129,21 @@ def test_a_damaged_part_is_refused_reported_and_read_again_from_its_log(two_gene
     code, out, _ = cli(store, "check", "--repair")
     assert code == 0 and "read again from the log" in out and "the store is whole again" in out
     assert _points(store) == EXPECTED
-    assert q(store, "SELECT count(*) AS n FROM events WHERE kind = 'eval'")["n"][0] == EVALS
+    assert store.query("SELECT count(*) AS n FROM events WHERE kind = 'eval'")["n"][0] == EVALS
     assert cli(store, "check")[0] == 0
 
 
 def test_a_damaged_part_whose_log_is_gone_is_dropped_with_a_report(two_generations):
     logs, store = two_generations
-    lost = q(store, "SELECT count(*) AS n FROM scalars_all WHERE run_id = 'b'")["n"][0]
+    lost = store.query("SELECT count(*) AS n FROM scalars_all WHERE run_id = 'b'")["n"][0]
     _part(store, "b").unlink()
     shutil.rmtree(logs / "b")
     code, out, _ = cli(store, "check", "--repair")
     assert code == 0 and f"{lost} points of 1 chunks lost" in out
     assert _points(store) == EXPECTED - lost
-    runs = dict(q(store, "SELECT run_id, points FROM runs").rows())
+    runs = dict(store.query("SELECT run_id, points FROM runs").rows())
     assert runs["b"] == 0 and runs["a"] == JSONL_LINES * 2
-    problem = q(store, "SELECT kind, message FROM problems WHERE run_id = 'b'").rows()
+    problem = store.query("SELECT kind, message FROM problems WHERE run_id = 'b'").rows()
     assert problem[0][0] == "store_damage" and "log file is gone" in problem[0][1]
 
 
@@ -154,7 +154,7 @@ def test_a_damaged_events_part_whose_log_is_gone_costs_only_the_events(two_gener
     code, out, _ = cli(store, "check", "--repair")
     assert code == 0 and "the events of 1 chunks lost" in out
     assert _points(store) == EXPECTED
-    assert q(store, "SELECT count(*) AS n FROM events")["n"][0] == 0
+    assert store.query("SELECT count(*) AS n FROM events")["n"][0] == 0
 
 
 @pytest.mark.parametrize("how", ["truncated", "flipped"])

@@ -61,6 +61,11 @@ def _load_rules(rules_file):
     return None if rules_file is None else load_rule_file(rules_file)
 
 
+def _answer(fmt: str) -> str:
+    """What DuckDB renders for an output format (a table is drawn from its CSV)."""
+    return "json" if fmt == "json" else "csv"
+
+
 def _store(store):
     from workbench.store import Store
 
@@ -267,7 +272,7 @@ def sql(query, store, fmt):
     from workbench import render
     from workbench.store.query import run_query
 
-    render.query_text(run_query(_store(store), query, "json" if fmt == "json" else "csv"), fmt)
+    render.query_text(run_query(_store(store), query, _answer(fmt)), fmt)
 
 
 @main.command()
@@ -281,9 +286,10 @@ def runs(store, fmt):
       workbench runs --format csv
     """
     from workbench import render
-    from workbench.store.query import RUNS_SQL, run_query
+    from workbench.store import reads
+    from workbench.store.query import run_query
 
-    render.query_text(run_query(_store(store), RUNS_SQL, "json" if fmt == "json" else "csv"), fmt)
+    render.query_text(run_query(_store(store), reads.runs(reads.RUN_SUMMARY), _answer(fmt)), fmt)
 
 
 @main.command()
@@ -298,11 +304,12 @@ def tags(run, store, fmt):
       workbench tags run_a
     """
     from workbench import render
-    from workbench.store.query import TAGS_SQL, require_run, run_query
+    from workbench.store import reads
+    from workbench.store.query import require_run, run_query
 
     s = _store(store)
     require_run(s, run)
-    render.query_text(run_query(s, TAGS_SQL, "json" if fmt == "json" else "csv", [run]), fmt)
+    render.query_text(run_query(s, reads.tags(run), _answer(fmt)), fmt)
 
 
 @main.command()

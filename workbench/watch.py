@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import duckdb
 import polars as pl
 from rich.console import Console
 from rich.live import Live
@@ -36,7 +35,7 @@ from detectors.rules import Rule
 from ingest.pipeline import ingest
 from workbench.errors import WorkbenchError
 from workbench.notify import Notifier
-from workbench.store import Store, aliases, layout
+from workbench.store import Store, aliases, coded, layout, reads
 
 END_STATUSES = ("completed", "crashed", "diverged")
 REFRESH_S = 60.0  # lineage and catalog.duckdb are brought up to date this often
@@ -165,43 +164,14 @@ class Watch:
         fresh = [c for c in report.chunks if c[0] not in changed]
         if not fresh:
             return changed
-        ranks = dict(layout.read_meta("sources", gen).select("source", "precedence").iter_rows())
-        chunks = pl.DataFrame(
-            [(r, src, c) for r, _, src, c in fresh],
-            schema={"run_id": pl.String, "source": pl.String, "chunk_id": pl.Int64},
-            orient="row",
-        ).with_columns(rank=pl.col("source").replace_strict(ranks, default=1_000_000, return_dtype=pl.Int64))
-        # a chunk's points lie in its own part, or among other runs' in a shared file
-        listed = (
-            layout.read_meta("parts", gen)
-            .filter(pl.col("kind") == "scalars")
-            .join(chunks.select("chunk_id", "run_id"), on="chunk_id")
+        chunks, points, events = coded.chunk_rows(
+            self.store.root, gen, [(r, src, c) for r, _, src, c in fresh]
         )
-        files = sorted(
-            set(layout.part_files(self.store.root, *listed.select("kind", "run_id", "chunk_id", "file")))
-        )
-        points = pl.DataFrame(
-            schema={"chunk_id": pl.Int64, "tag": pl.String, "step": pl.Int64, "value": pl.Float64}
-        )
-        if files:
-            points = (
-                pl.scan_parquet(files)
-                .select("chunk_id", "tag", "step", "value", "local_superseded")
-                .filter(pl.col("chunk_id").is_in(chunks["chunk_id"].implode()) & ~pl.col("local_superseded"))
-                .select("chunk_id", pl.col("tag").cast(pl.String), "step", "value")
-                .collect()
-            )
         points = points.with_columns(
             metric=pl.col("tag").replace_strict(
                 self._metrics(points["tag"].unique().to_list()), return_dtype=pl.String
             )
         )
-        evs = [p for r, _, _, c in fresh if (p := layout.event_part(self.store.root, r, c)).exists()]
-        events = pl.DataFrame(
-            schema={"chunk_id": pl.Int64, "step": pl.Int64, "kind": pl.String, "attrs": pl.String}
-        )
-        if evs:
-            events = pl.read_parquet(evs, columns=["chunk_id", "step", "kind", "attrs"])
         # chunk ids rise in the order a run's files were read (a task numbers its run's chunks in
         # its own block of ids; a later ingest's blocks lie above), so within a run they are its order
         points = points.join(chunks, on="chunk_id").sort("chunk_id", maintain_order=True)
@@ -222,12 +192,9 @@ class Watch:
         """Canonical metric of each tag, as the store's views resolve it (cached per tag)."""
         new = [t for t in tags if t not in self._metric]
         if new:
-            user = aliases.load_user_aliases(self.store.root, Path.cwd())
-            rows = duckdb.execute(
-                f"SELECT tag, {aliases.metric_case_sql('tag', user)} FROM (SELECT unnest(?::VARCHAR[]) AS tag)",
-                [new],
-            ).fetchall()
-            self._metric.update(rows)
+            self._metric.update(
+                aliases.metrics_of(new, aliases.load_user_aliases(self.store.root, Path.cwd()))
+            )
         return {t: self._metric[t] for t in tags}
 
     def _reload(self, run_id: str) -> None:
@@ -235,16 +202,8 @@ class Watch:
         self.evaluator.reset(run_id)
         con = self.store.connect()
         try:
-            points = con.sql(
-                """SELECT tag, metric, step, value, source, source_rank AS rank FROM _points
-                   WHERE run_id = ? AND NOT superseded ORDER BY tag, step""",
-                params=[run_id],
-            ).pl()
-            events = con.sql(
-                """SELECT e.step, e.kind, e.attrs, f.format AS source FROM events e
-                   JOIN _files f ON f.path = e.source_file WHERE e.run_id = ?""",
-                params=[run_id],
-            ).pl()
+            points = reads.ranked_points(run_id).frame(con)
+            events = reads.events_with_format(run_id).frame(con)
         finally:
             con.close()
         self._metric.update(points.select("tag", "metric").unique().iter_rows())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ingest_paths, q
-from real_samples import HELLO, contents, events, real_store, series, settle
+from conftest import ingest_paths
+from real_samples import HELLO, contents, real_store, settle
 
 
 @pytest.fixture(scope="module")
@@ -16,40 +16,44 @@ def store(tmp_path_factory):
 
 def test_hellodeepspeed_overflow_storm_skipped_and_checkpoints(store):
     run = "hellodeepspeed_bert_zero1_fp16_console"
-    skipped = series(store, run, "skipped")
+    skipped = store.scalars(run, tag="skipped").select("step", "value")
     assert skipped.rows() == [(0, 0.0), (10, 10.0), (20, 17.0), (30, 17.0), (40, 17.0)]
-    assert series(store, run, "RunningAvgSamplesPerSec")["step"].to_list() == [10, 20, 30, 40]
-    ov = events(store, run, "overflow")
+    assert store.scalars(run, tag="RunningAvgSamplesPerSec")["step"].to_list() == [10, 20, 30, 40]
+    ov = store.events(run, kinds=["overflow"])
     assert ov.height == 17
     assert ov["step"].to_list() == [10] * 10 + [20] * 7
     attrs = [json.loads(a) for a in ov["attrs"]]
     assert attrs[0]["attempted_scale"] == 4294967296 and attrs[9]["new_scale"] == 4194304
     assert attrs[16]["new_scale"] == 32768 and {a["source"] for a in attrs} == {"deepspeed"}
-    assert series(store, run, "derived/loss_scale")["value"].to_list()[-1] == 32768
-    assert events(store, run, "checkpoint")["step"].to_list() == [10, 20, 30, 40]
-    assert series(store, run, "loss", "scalars_all")["value"].to_list() == [10.8766, 10.868, 10.7828, 10.6658]
-    metrics = dict(q(store, f"SELECT DISTINCT tag, metric FROM scalars WHERE run_id = '{run}'").rows())
+    assert store.scalars(run, tag="derived/loss_scale")["value"].to_list()[-1] == 32768
+    assert store.events(run, kinds=["checkpoint"])["step"].to_list() == [10, 20, 30, 40]
+    assert store.scalars(run, tag="loss", all_points=True)["value"].to_list() == [
+        10.8766,
+        10.868,
+        10.7828,
+        10.6658,
+    ]
+    metrics = dict(store.query(f"SELECT DISTINCT tag, metric FROM scalars WHERE run_id = '{run}'").rows())
     assert metrics["derived/loss_scale"] == "loss_scale" and metrics["lr"] == "lr"
 
 
 def test_pipeline_engine_console(store):
     run = "deepspeed_pipeline_parallel_console"
-    assert series(store, run, "skipped")["step"].to_list() == list(range(0, 210, 10))
-    assert set(series(store, run, "skipped")["value"]) == {0.0}
-    loss = series(store, run, "loss")
+    assert store.scalars(run, tag="skipped")["step"].to_list() == list(range(0, 210, 10))
+    assert set(store.scalars(run, tag="skipped")["value"]) == {0.0}
+    loss = store.scalars(run, tag="loss")
     assert loss["step"].to_list() == list(range(10, 210, 10))
     assert (loss["value"][0], loss["value"][-1]) == (2.2985, 1.5927)
-    sps = series(store, run, "samples/sec")["value"]
+    sps = store.scalars(run, tag="samples/sec")["value"]
     assert (sps.min(), sps.max()) == (639.687, 802.957)
-    assert events(store, run, "overflow").height == 0
+    assert store.events(run, kinds=["overflow"]).height == 0
 
 
 def test_cifar_wall_clock_timers_and_flops_profile(store):
     run = "deepspeed_cifar10_fp16_wallclock_console"
-    assert series(store, run, "skipped")["step"].to_list() == [0]
+    assert store.scalars(run, tag="skipped")["step"].to_list() == [0]
     counts = dict(
-        q(
-            store,
+        store.query(
             f"SELECT tag, count(*) FROM scalars_all WHERE run_id = '{run}' AND tag LIKE 'time/%' GROUP BY tag",
         ).rows()
     )
@@ -61,8 +65,8 @@ def test_cifar_wall_clock_timers_and_flops_profile(store):
     assert not any(
         t.startswith("time/ep_") or t == "time/ep_microstep" for t in counts
     )  # the elided fragment
-    assert events(store, run, "overflow").height == 0
-    flops = json.loads(q(store, f"SELECT config FROM runs WHERE run_id = '{run}'")["config"][0])[
+    assert store.events(run, kinds=["overflow"]).height == 0
+    flops = json.loads(store.query(f"SELECT config FROM runs WHERE run_id = '{run}'")["config"][0])[
         "flops_profile"
     ]
     assert flops["step"] == 2
@@ -84,7 +88,7 @@ def test_cifar_wall_clock_timers_and_flops_profile(store):
     ],
 )
 def test_every_overflow_variant(store, run, n, last_new, variants):
-    attrs = [json.loads(a) for a in events(store, run, "overflow")["attrs"]]
+    attrs = [json.loads(a) for a in store.events(run, kinds=["overflow"])["attrs"]]
     assert len(attrs) == n
     assert [a["new_scale"] for a in attrs if a["new_scale"] is not None][-1] == last_new
     found: dict[str, int] = {}
@@ -96,26 +100,29 @@ def test_every_overflow_variant(store, run, n, last_new, variants):
 def test_hf_dict_before_any_step_is_counted_and_old_samples_per_sec_read(store):
     # the HF dict line comes before any line that states a step: counted, not placed
     assert contents(store, "deepspeed_overflow_to_min_scale_with_hf_logs")["hf_dict"] == 1
-    assert series(store, "deepspeed_2021_stage3_overflow_and_old_timer", "SamplesPerSec").height == 1
+    assert store.scalars("deepspeed_2021_stage3_overflow_and_old_timer", tag="SamplesPerSec").height == 1
 
 
 def test_old_step_and_timer_forms(store):
     run = "deepspeed_0.5_step_and_old_timer"
-    assert series(store, run, "skipped").rows() == [(40, 2.0), (50, 2.0), (60, 2.0)]
+    assert store.scalars(run, tag="skipped").select("step", "value").rows() == [
+        (40, 2.0),
+        (50, 2.0),
+        (60, 2.0),
+    ]
     assert (
-        q(store, f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'SamplesPerSec'")["n"][
-            0
-        ]
+        store.query(f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'SamplesPerSec'")[
+            "n"
+        ][0]
         == 2
     )
     assert (
-        q(store, f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'MemAllocated'")["n"][
-            0
-        ]
+        store.query(f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'MemAllocated'")[
+            "n"
+        ][0]
         == 2
     )
-    t255 = q(
-        store,
+    t255 = store.query(
         "SELECT tag, count(*) n FROM scalars_all WHERE run_id = 'deepspeed_2020_wall_clock_breakdown_timers' GROUP BY tag",
     )
     assert dict(t255.rows())["SamplesPerSec"] == 1
@@ -133,17 +140,17 @@ def test_growing_console_log_resumes_with_its_state(tmp_store, tmp_path):
     log.write_text("".join(lines[:cut]) + "partial line without newline")
     ingest_paths(tmp_store, run)
     assert (
-        q(tmp_store, "SELECT count(*) n FROM events WHERE kind = 'overflow'")["n"][0] == 0
+        tmp_store.query("SELECT count(*) n FROM events WHERE kind = 'overflow'")["n"][0] == 0
     )  # waiting for their step
     log.write_text("".join(lines))
     settle(log)
     r = ingest_paths(tmp_store, run)
     assert r.files_read == 1
-    ev = q(tmp_store, "SELECT step FROM events WHERE kind = 'overflow' ORDER BY \"offset\"")
+    ev = tmp_store.query("SELECT step FROM events WHERE kind = 'overflow' ORDER BY \"offset\"")
     assert ev["step"].to_list() == [10] * 10 + [20] * 7  # same as reading the whole file at once
-    lines_seen = q(tmp_store, 'SELECT max("offset") m FROM events')["m"][0]
+    lines_seen = tmp_store.query('SELECT max("offset") m FROM events')["m"][0]
     assert lines_seen > cut  # line numbers continue across ingests
-    assert q(tmp_store, "SELECT count(*) n FROM scalars_all WHERE tag = 'skipped'")["n"][0] == 5
+    assert tmp_store.query("SELECT count(*) n FROM scalars_all WHERE tag = 'skipped'")["n"][0] == 5
 
 
 def test_events_from_text(tmp_store, tmp_path):
@@ -161,7 +168,7 @@ def test_events_from_text(tmp_store, tmp_path):
     )
     settle(run / "train.log")
     ingest_paths(tmp_store, run)
-    ev = q(tmp_store, 'SELECT step, kind, message, attrs FROM events ORDER BY "offset"')
+    ev = tmp_store.query('SELECT step, kind, message, attrs FROM events ORDER BY "offset"')
     kinds = ev["kind"].to_list()
     assert kinds == ["recovery", "resume", "oom", "text", "min_loss_scale"]
     rec = json.loads(ev["attrs"][0])
@@ -169,7 +176,7 @@ def test_events_from_text(tmp_store, tmp_path):
     assert ev["step"][1] == 100 and json.loads(ev["attrs"][1])["path"] == "/ckpt/global_step100"
     assert "CUDA out of memory" in ev["message"][2]
     assert json.loads(ev["attrs"][3])["reason"] == "nccl_timeout"
-    status = q(tmp_store, "SELECT status, evidence FROM runs").row(0)
+    status = tmp_store.query("SELECT status, evidence FROM runs").row(0)
     assert status[0] == "diverged" and "minimum" in status[1]
-    mom = q(tmp_store, "SELECT value FROM scalars WHERE tag = 'mom'")["value"].to_list()
+    mom = tmp_store.query("SELECT value FROM scalars WHERE tag = 'mom'")["value"].to_list()
     assert mom == [0.9]

@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from conftest import SAMPLE_RUNS, ingest_paths, q
+from conftest import SAMPLE_RUNS, ingest_paths
 from real_samples import write_monitor_csv
 from writers import tbx_scalars
 
@@ -25,26 +25,26 @@ def test_deepspeed_run_layout_and_samples_to_steps(store, tmp_path):
     )
     tbx_scalars(run / "monitor_tb/job", {"Train/Samples/lr": [(32 * s, 1e-4) for s in range(1, 21)]})
     ingest_paths(store, tmp_path / "runs")
-    assert q(store, "SELECT run_id FROM runs")["run_id"].to_list() == ["ds_run"]
-    loss = q(
-        store, "SELECT step, value, metric FROM scalars WHERE tag = 'Train/Samples/train_loss' ORDER BY step"
+    assert store.query("SELECT run_id FROM runs")["run_id"].to_list() == ["ds_run"]
+    loss = store.query(
+        "SELECT step, value, metric FROM scalars WHERE tag = 'Train/Samples/train_loss' ORDER BY step"
     )
     assert loss["step"].to_list() == list(range(1, 26))  # samples / train_batch_size
     assert loss.filter(loss["step"] >= 10)["value"].unique().to_list() == [4.0]  # the restart supersedes
     assert loss["metric"][0] == "loss"
-    samples = q(store, "SELECT step, value FROM scalars WHERE tag = 'samples' ORDER BY step")
+    samples = store.query("SELECT step, value FROM scalars WHERE tag = 'samples' ORDER BY step")
     assert samples.row(0) == (1, 32.0)
-    config = json.loads(q(store, "SELECT config FROM runs")["config"][0])
+    config = json.loads(store.query("SELECT config FROM runs")["config"][0])
     assert config["ds_config"]["train_batch_size"] == 32
-    ckpt = q(store, "SELECT run_id, step, kind, metadata FROM checkpoints").rows()
+    ckpt = store.query("SELECT run_id, step, kind, metadata FROM checkpoints").rows()
     assert ckpt == [("ds_run", 20, "deepspeed", '{"latest": true}')]
 
 
 def test_monitor_csv_without_config_keeps_samples_and_says_so(store, tmp_path):
     write_monitor_csv(tmp_path / "r/monitor_csv/job", "Train/Samples/train_loss", [(64, 1.0), (128, 0.9)])
     ingest_paths(store, tmp_path / "r")
-    assert q(store, "SELECT step FROM scalars ORDER BY step")["step"].to_list() == [64, 128]
-    assert "samples" in q(store, "SELECT note FROM files")["note"][0]
+    assert store.query("SELECT step FROM scalars ORDER BY step")["step"].to_list() == [64, 128]
+    assert "samples" in store.query("SELECT note FROM files")["note"][0]
 
 
 @pytest.mark.parametrize("batch", ["1e30", str(2**64), "Infinity"])
@@ -56,8 +56,8 @@ def test_an_absurd_batch_size_is_a_note_and_the_csv_keeps_its_samples(store, tmp
     shutil.copytree(real.parent, run / "monitor_csv/job")
     (run / "ds_config.json").write_text('{"train_batch_size": ' + batch + ', "fp16": {"enabled": true}}')
     ingest_paths(store, tmp_path / "runs")
-    lr = q(store, "SELECT step, value FROM scalars WHERE tag = 'Train/Samples/lr' ORDER BY step")
+    lr = store.query("SELECT step, value FROM scalars WHERE tag = 'Train/Samples/lr' ORDER BY step")
     assert lr.rows() == [(int(x), float(v)) for x, v in rows]  # every point, on its samples axis
-    note = q(store, "SELECT note FROM files WHERE path LIKE '%Train_Samples_lr.csv'")["note"][0]
+    note = store.query("SELECT note FROM files WHERE path LIKE '%Train_Samples_lr.csv'")["note"][0]
     assert "out of range" in note and "samples" in note
-    assert q(store, "SELECT count(*) AS n FROM problems")["n"][0] == 0
+    assert store.query("SELECT count(*) AS n FROM problems")["n"][0] == 0

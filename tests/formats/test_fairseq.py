@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import q
-from real_samples import real_store, series
+from real_samples import real_store
 
 
 @pytest.fixture(scope="module")
@@ -13,10 +12,9 @@ def store(tmp_path_factory):
 
 
 def test_fairseq_text_and_json_log_lines(store):
-    loss = series(store, "fairseq_train_inner_text", "loss")
+    loss = store.scalars("fairseq_train_inner_text", tag="loss").select("step", "value")
     assert loss.rows() == [(2800, 9.255), (2900, 8.979), (3000, 9.376), (3100, 9.251)]
-    js = q(
-        store,
+    js = store.query(
         "SELECT tag, step, value FROM scalars WHERE run_id = 'fairseq_json_log_format' AND tag IN ('loss', 'valid_loss') ORDER BY step, tag",
     )
     assert [r for r in js.rows() if r[0] == "loss"] == [
@@ -25,5 +23,5 @@ def test_fairseq_text_and_json_log_lines(store):
         ("loss", 58049, 3.092),
     ]
     assert len([r for r in js.rows() if r[0] == "valid_loss"]) == 3  # the first comes before any step
-    note = q(store, "SELECT note FROM files WHERE run_id = 'fairseq_json_log_format'")["note"][0]
+    note = store.query("SELECT note FROM files WHERE run_id = 'fairseq_json_log_format'")["note"][0]
     assert "1 records before the first step" in note

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from conftest import ingest_paths, q
+from conftest import ingest_paths
 from real_samples import settle
 
 
@@ -30,10 +30,10 @@ def test_llamafactory_logger_prefix_is_read_with_its_time(tmp_store, tmp_path):
     log.removeHandler(handler)
     settle(run / "running_log.txt")
     ingest_paths(tmp_store, run)
-    loss = q(tmp_store, "SELECT step, value, wall_time FROM scalars WHERE tag = 'loss' ORDER BY step")
+    loss = tmp_store.query("SELECT step, value, wall_time FROM scalars WHERE tag = 'loss' ORDER BY step")
     assert loss["step"].to_list() == [1, 2, 3] and loss["value"].to_list() == [2.2818, 2.2647, 2.1]
     assert abs(loss["wall_time"][0] - datetime.now().timestamp()) < 120  # from the prefix, local time
-    assert q(tmp_store, "SELECT status FROM runs")["status"][0] == "completed"
+    assert tmp_store.query("SELECT status FROM runs")["status"][0] == "completed"
 
 
 def test_values_with_no_step_anywhere_are_a_problem_not_silence(tmp_store, tmp_path):
@@ -48,4 +48,4 @@ def test_values_with_no_step_anywhere_are_a_problem_not_silence(tmp_store, tmp_p
     settle(run / "train.log")
     report = ingest_paths(tmp_store, run)
     assert [(p.kind, "5 values" in p.message) for _, p in report.problems] == [("no_step", True)]
-    assert q(tmp_store, "SELECT count(*) n FROM scalars")["n"][0] == 0
+    assert tmp_store.query("SELECT count(*) n FROM scalars")["n"][0] == 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import q
 from real_samples import real_store
 
 
@@ -17,9 +16,9 @@ def store(tmp_path_factory):
 def test_lightning_csvlogger_sparse_columns_and_hparams(store):
     run = "lightning_csvlogger/slm_training_version_0"
     counts = dict(
-        q(store, f"SELECT tag, count(*) FROM scalars_all WHERE run_id = '{run}' GROUP BY tag").rows()
+        store.query(f"SELECT tag, count(*) FROM scalars_all WHERE run_id = '{run}' GROUP BY tag").rows()
     )
     assert counts["train_loss_step"] == 2814 and counts["val_loss"] == 10 and counts["epoch_time"] == 10
-    assert q(store, f"SELECT max(step) m FROM scalars WHERE run_id = '{run}'")["m"][0] == 140739
-    config = json.loads(q(store, f"SELECT config FROM runs WHERE run_id = '{run}'")["config"][0])
+    assert store.query(f"SELECT max(step) m FROM scalars WHERE run_id = '{run}'")["m"][0] == 140739
+    config = json.loads(store.query(f"SELECT config FROM runs WHERE run_id = '{run}'")["config"][0])
     assert config["hparams"]["d_model"] == 768

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import q
-from real_samples import contents, events, real_store, series
+from real_samples import contents, real_store
 
 
 @pytest.fixture(scope="module")
@@ -17,27 +16,27 @@ def store(tmp_path_factory):
 def test_megatron_deepspeed_iteration_lines_truncated_lines_and_nan_window(store):
     run = "megatron_deepspeed_iteration_lines_extracted_from_chronicles"
     assert (
-        q(store, f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'lm loss'")["n"][0]
+        store.query(f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}' AND tag = 'lm loss'")["n"][0]
         == 65
     )
-    prob = q(store, f"SELECT kind FROM problems WHERE run_id = '{run}'")
+    prob = store.query(f"SELECT kind FROM problems WHERE run_id = '{run}'")
     assert prob["kind"].to_list() == ["truncated_line"] * 6
-    nan = events(store, run, "nan_window")
+    nan = store.events(run, kinds=["nan_window"])
     assert nan["step"].to_list() == [9027]
     assert (
-        q(store, f"SELECT DISTINCT metric FROM scalars WHERE run_id = '{run}' AND tag = 'lm loss'")["metric"][
-            0
-        ]
+        store.query(f"SELECT DISTINCT metric FROM scalars WHERE run_id = '{run}' AND tag = 'lm loss'")[
+            "metric"
+        ][0]
         == "loss"
     )
 
 
 def test_overflow_attached_to_following_iteration(store):
     run = "tr8b-104B"
-    loss = series(store, run, "lm loss")
+    loss = store.scalars(run, tag="lm loss")
     assert loss["step"].to_list() == list(range(17060, 17069))
     assert loss.filter(loss["step"] == 17062)["value"][0] == pytest.approx(4.374, abs=1e-3)
-    ov = events(store, run, "overflow")
+    ov = store.events(run, kinds=["overflow"])
     assert ov["step"].to_list() == [17062, 17063, 17064, 17065, 17067, 17068]
     assert [json.loads(a)["new_scale"] for a in ov["attrs"]] == [
         1048576.0,
@@ -50,8 +49,8 @@ def test_overflow_attached_to_following_iteration(store):
 
 
 def test_megatron_lm_iteration_lines_and_timers(store):
-    loss = series(store, "megatron_lm_iteration_lines", "lm loss")
+    loss = store.scalars("megatron_lm_iteration_lines", tag="lm loss")
     assert loss["step"].to_list() == [122, 123, 124, 125]
     assert (loss["value"][0], loss["value"][-1]) == (2.50422, 2.477393)
-    assert set(series(store, "megatron_lm_iteration_lines", "loss scale")["value"]) == {1.0}
+    assert set(store.scalars("megatron_lm_iteration_lines", tag="loss scale")["value"]) == {1.0}
     assert contents(store, "megatron_lm_timers")["timer"] == 5

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import q
 from real_counts import REAL, assert_matches, expected, real_tree_store
 
 from ingest.base import ReadContext
@@ -27,7 +26,7 @@ def store(tmp_path_factory):
 
 @pytest.mark.parametrize("run", sorted(FILES))
 def test_points_match_the_independent_count(store, run):
-    fmt = q(store, f"SELECT format FROM files WHERE run_id = '{run}'")["format"].to_list()
+    fmt = store.query(f"SELECT format FROM files WHERE run_id = '{run}'")["format"].to_list()
     assert fmt == ["mlperf"]
     assert_matches(store, run, expected(FILES[run]))
 
@@ -37,8 +36,7 @@ def test_wall_time_is_time_ms(store):
         t for t in (REAL / FILES["lora_v4.0_deepspeed"]).read_text().splitlines() if '"train_loss"' in t
     )
     ev = json.loads(line.split(":::MLLOG ", 1)[1])
-    row = q(
-        store,
+    row = store.query(
         "SELECT wall_time FROM scalars_all WHERE run_id = 'lora_v4.0_deepspeed' AND tag = 'train_loss' "
         f"AND step = {ev['metadata']['samples_count']}",
     )
@@ -46,21 +44,23 @@ def test_wall_time_is_time_ms(store):
 
 
 def test_run_stop_success_is_completed(store):
-    status = dict(q(store, "SELECT run_id, status FROM runs").rows())
+    status = dict(store.query("SELECT run_id, status FROM runs").rows())
     assert status == dict.fromkeys(FILES, "completed")
 
 
 def test_a_position_that_does_not_advance_numbers_the_points_and_says_so(store):
     # BERT v1.0 logs each of its 20 evaluations at epoch_num 1
-    note = q(store, "SELECT note FROM files WHERE run_id = 'bert_v1.0'")["note"][0]
+    note = store.query("SELECT note FROM files WHERE run_id = 'bert_v1.0'")["note"][0]
     assert "eval_accuracy: its epoch_num does not advance" in note
     assert expected(FILES["bert_v1.0"])["_records"]["eval_accuracy"] == 20
-    evals = q(store, "SELECT count(*) n FROM events WHERE run_id = 'bert_v1.0' AND kind = 'eval'")["n"][0]
+    evals = store.query("SELECT count(*) n FROM events WHERE run_id = 'bert_v1.0' AND kind = 'eval'")["n"][0]
     assert evals == 20
 
 
 def test_hyperparameters_logged_once_are_configuration(store):
-    config = json.loads(q(store, "SELECT config FROM runs WHERE run_id = 'lora_v4.0_deepspeed'")["config"][0])
+    config = json.loads(
+        store.query("SELECT config FROM runs WHERE run_id = 'lora_v4.0_deepspeed'")["config"][0]
+    )
     assert config["mlperf"]["submission_benchmark"] == "llama2_70b_lora"
     assert config["mlperf"]["global_batch_size"] == 8
     assert config["mlperf"]["lora_rank"] == 16

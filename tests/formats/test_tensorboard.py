@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import DATA, ingest_paths, q
+from conftest import DATA, ingest_paths
 from tbparse import SummaryReader
 from writers import scalar_tensor_summary, tb_native_scalars, tbx_scalars, tbx_summaries
 
@@ -20,21 +20,21 @@ GEN = DATA / "generated"
 
 def test_keras_v2_file_epoch_loss_and_profile_placeholder_skipped(store):
     report = ingest_paths(store, KERAS)
-    df = q(store, "SELECT tag, step, value FROM scalars ORDER BY step")
+    df = store.query("SELECT tag, step, value FROM scalars ORDER BY step")
     assert df["tag"].unique().to_list() == ["epoch_loss"]
     assert df["step"].to_list() == list(range(10))
     assert df["value"][0] == 332.6841735839844
     assert df["value"][-1] == 234.7978057861328
     assert report.files_read == 1 and report.files_skipped == 1
-    files = q(store, "SELECT path, status FROM files ORDER BY path")
+    files = store.query("SELECT path, status FROM files ORDER BY path")
     assert files["status"].to_list() == ["ok", "skipped"]
     assert files["path"][1].endswith(".profile-empty")
-    assert q(store, "SELECT run_id FROM runs")["run_id"].to_list() == ["keras_tf2_swahili_stt"]
+    assert store.query("SELECT run_id FROM runs")["run_id"].to_list() == ["keras_tf2_swahili_stt"]
 
 
 def test_tf_free_writer_float_val_tensor(store):
     ingest_paths(store, GEN / "tb_native_run")
-    df = q(store, "SELECT tag, step, value FROM scalars ORDER BY step")
+    df = store.query("SELECT tag, step, value FROM scalars ORDER BY step")
     assert df["tag"].unique().to_list() == ["eval/accuracy"]
     assert df["step"].to_list() == list(range(0, 50, 5))
     assert df["value"][-1] == 0.949999988079071  # float32 widened, not rounded
@@ -42,18 +42,18 @@ def test_tf_free_writer_float_val_tensor(store):
 
 def test_resumed_writer_preemption_and_hparams_subrun(store):
     ingest_paths(store, GEN / "tbx_run")
-    runs = q(store, "SELECT run_id, segments, status, config FROM runs")
+    runs = store.query("SELECT run_id, segments, status, config FROM runs")
     assert runs["run_id"].to_list() == ["run_a"]  # the add_hparams folder attaches to run_a
     config = json.loads(runs["config"][0])
     assert config["hparams"] == {"bs": 32.0, "lr": 0.001, "opt": "adam"}
     assert config["session_status"] == "SUCCESS"
     assert runs["status"][0] == "completed"
 
-    loss = q(store, "SELECT step, value FROM scalars WHERE tag = 'train/loss' ORDER BY step")
+    loss = store.query("SELECT step, value FROM scalars WHERE tag = 'train/loss' ORDER BY step")
     assert loss.height == 26
     assert loss["step"].to_list() == list(range(0, 260, 10))
     assert loss["step"].n_unique() == loss.height
-    raw = q(store, "SELECT step, value, superseded, segment FROM scalars_all WHERE tag = 'train/loss'")
+    raw = store.query("SELECT step, value, superseded, segment FROM scalars_all WHERE tag = 'train/loss'")
     assert raw.height == 36
     sup = raw.filter("superseded")
     assert sup.height == 10
@@ -63,17 +63,17 @@ def test_resumed_writer_preemption_and_hparams_subrun(store):
     assert raw.filter((raw["step"] == 120) & raw["superseded"])["value"].to_list() == [9.5]
     assert loss.filter(loss["step"] == 120)["value"][0] == pytest.approx(0.4912022352218628)
 
-    lr = q(store, "SELECT count(*) AS n FROM scalars WHERE tag = 'train/lr'")
+    lr = store.query("SELECT count(*) AS n FROM scalars WHERE tag = 'train/lr'")
     assert lr["n"][0] == 20
-    final = q(store, "SELECT value FROM scalars WHERE tag = 'hparam/final_loss'")
+    final = store.query("SELECT value FROM scalars WHERE tag = 'hparam/final_loss'")
     assert final.height == 1
-    contents = q(
-        store, "SELECT contents FROM files WHERE path LIKE '%1796036286.vm' AND path NOT LIKE '%857561%'"
+    contents = store.query(
+        "SELECT contents FROM files WHERE path LIKE '%1796036286.vm' AND path NOT LIKE '%857561%'"
     )
     assert json.loads(contents["contents"][0])["histograms"] == 4
-    text = q(store, "SELECT step, kind, message FROM events WHERE kind = 'text'")
+    text = store.query("SELECT step, kind, message FROM events WHERE kind = 'text'")
     assert text.rows() == [(0, "text", "run_a started; **markdown** text")]
-    metrics = dict(q(store, "SELECT DISTINCT tag, metric FROM scalars").rows())
+    metrics = dict(store.query("SELECT DISTINCT tag, metric FROM scalars").rows())
     assert metrics["train/loss"] == "loss" and metrics["train/lr"] == "lr"
     assert metrics["hparam/final_loss"] is None
 
@@ -86,9 +86,9 @@ def test_truncated_file_is_an_unfinished_write(store, tmp_path):
     )
     report = ingest_paths(store, run)
     assert report.problems == []
-    counts = dict(q(store, "SELECT tag, count(*) FROM scalars GROUP BY tag").rows())
+    counts = dict(store.query("SELECT tag, count(*) FROM scalars GROUP BY tag").rows())
     assert counts == {"train/loss": 20, "train/lr": 20}
-    f = q(store, "SELECT consumed, note FROM files")
+    f = store.query("SELECT consumed, note FROM files")
     assert f["consumed"][0] == 41941
     assert "41941" in f["note"][0]
 
@@ -100,13 +100,13 @@ def test_corrupt_record_is_salvaged_and_reported_with_offset(store, tmp_path):
         (GEN / "broken/events.out.tfevents.corrupt_mid").read_bytes()
     )
     report = ingest_paths(store, run)
-    counts = dict(q(store, "SELECT tag, count(*) FROM scalars GROUP BY tag").rows())
+    counts = dict(store.query("SELECT tag, count(*) FROM scalars GROUP BY tag").rows())
     assert counts == {"train/loss": 20, "train/lr": 20}  # TensorBoard stops at 11
     assert [(p.offset, p.kind) for _, p in report.problems] == [(20826, "bad_data_crc")]
-    prob = q(store, 'SELECT path, "offset", kind, message FROM problems')
+    prob = store.query('SELECT path, "offset", kind, message FROM problems')
     assert prob["offset"].to_list() == [20826]
     assert "10039" in prob["message"][0]
-    assert q(store, "SELECT count(*) AS n FROM events WHERE kind = 'text'")["n"][0] == 1
+    assert store.query("SELECT count(*) AS n FROM events WHERE kind = 'text'")["n"][0] == 1
 
 
 PARITY = [
@@ -137,8 +137,7 @@ def test_parity_with_tbparse(parity_store, i):
     oracle = (
         reader.scalars if len(reader.scalars) else reader.tensors
     )  # tbparse files float_val scalars as tensors
-    ours = q(
-        parity_store,
+    ours = parity_store.query(
         f"SELECT tag, step, wall_time, value FROM scalars_all WHERE run_id = '{i}' ORDER BY tag, step",
     )
     expected = sorted(zip(oracle["tag"], oracle["step"], oracle["wall_time"], oracle["value"], strict=True))
@@ -156,13 +155,13 @@ def test_simple_value_float32_round_trip(store, tmp_path):
         {"train/loss": vals, "grad_norm/layer.0-x": vals[:5], "Train/Samples/train_loss": vals[:3]},
     )
     ingest_paths(store, tmp_path / "run")
-    df = q(store, "SELECT tag, step, value, wall_time FROM scalars ORDER BY tag, step")
+    df = store.query("SELECT tag, step, value, wall_time FROM scalars ORDER BY tag, step")
     loss = df.filter(df["tag"] == "train/loss")
     assert loss["step"].to_list() == list(range(100))
     assert loss["value"].to_list() == [v for _, v in vals]
     assert loss["wall_time"].to_list() == [1_700_000_000.0 + s for s in range(100)]
     assert df.filter(df["tag"] == "grad_norm/layer.0-x").height == 5
-    metrics = dict(q(store, "SELECT DISTINCT tag, metric FROM scalars").rows())
+    metrics = dict(store.query("SELECT DISTINCT tag, metric FROM scalars").rows())
     assert metrics == {"train/loss": "loss", "Train/Samples/train_loss": "loss", "grad_norm/layer.0-x": None}
 
 
@@ -171,14 +170,14 @@ def test_non_finite_values_are_kept(store, tmp_path):
         tmp_path / "run", {"loss": [(0, 1.0), (1, float("nan")), (2, float("inf")), (3, -float("inf"))]}
     )
     ingest_paths(store, tmp_path / "run")
-    v = q(store, "SELECT value FROM scalars ORDER BY step")["value"].to_list()
+    v = store.query("SELECT value FROM scalars ORDER BY step")["value"].to_list()
     assert v[0] == 1.0 and np.isnan(v[1]) and v[2] == np.inf and v[3] == -np.inf
 
 
 def test_tf_free_writer_encoding_c(store, tmp_path):
     tb_native_scalars(tmp_path / "run", "eval/acc", [(s, 0.5 + s / 100) for s in range(0, 50, 5)])
     ingest_paths(store, tmp_path / "run")
-    df = q(store, "SELECT step, value FROM scalars ORDER BY step")
+    df = store.query("SELECT step, value FROM scalars ORDER BY step")
     assert df["step"].to_list() == list(range(0, 50, 5))
     assert df["value"].to_list() == [float(np.float32(0.5 + s / 100)) for s in range(0, 50, 5)]
 
@@ -209,7 +208,7 @@ def encodings_store(tmp_path_factory):
 @pytest.mark.parametrize("i", range(len(ENCODINGS)), ids=["-".join(map(str, case[:3])) for case in ENCODINGS])
 def test_tensor_encodings(encodings_store, i):
     expected = ENCODINGS[i][3]
-    df = q(encodings_store, f"SELECT step, value FROM scalars WHERE run_id = '{i}' ORDER BY step")
+    df = encodings_store.query(f"SELECT step, value FROM scalars WHERE run_id = '{i}' ORDER BY step")
     assert df["step"].to_list() == [0, 1, 2]
     assert df["value"].to_list() == [expected] * 3
 
@@ -221,7 +220,7 @@ def test_metadata_only_on_first_value_still_scalars(store, tmp_path):
     later.value[0].ClearField("metadata")
     tbx_summaries(tmp_path / "run", [(0, first), (1, later), (2, later)])
     ingest_paths(store, tmp_path / "run")
-    assert q(store, "SELECT value FROM scalars ORDER BY step")["value"].to_list() == [0.25, 0.5, 0.5]
+    assert store.query("SELECT value FROM scalars ORDER BY step")["value"].to_list() == [0.25, 0.5, 0.5]
 
 
 def test_first_seen_plugin_persists_across_incremental_ingests(store, tmp_path):
@@ -237,7 +236,7 @@ def test_first_seen_plugin_persists_across_incremental_ingests(store, tmp_path):
     fw.add_summary(later, 1)
     w.close()
     ingest_paths(store, tmp_path / "run")
-    assert q(store, "SELECT value FROM scalars ORDER BY step")["value"].to_list() == [0.25, 0.5]
+    assert store.query("SELECT value FROM scalars ORDER BY step")["value"].to_list() == [0.25, 0.5]
 
 
 def test_histograms_and_text_are_not_scalars(store, tmp_path):
@@ -249,5 +248,5 @@ def test_histograms_and_text_are_not_scalars(store, tmp_path):
     w.add_scalar("loss", 1.5, 3)
     w.close()
     ingest_paths(store, tmp_path / "run")
-    assert q(store, "SELECT tag, step, value FROM scalars").rows() == [("loss", 3, 1.5)]
-    assert q(store, "SELECT step, kind, message FROM events").rows() == [(3, "text", "hello")]
+    assert store.query("SELECT tag, step, value FROM scalars").rows() == [("loss", 3, 1.5)]
+    assert store.query("SELECT step, kind, message FROM events").rows() == [(3, "text", "hello")]

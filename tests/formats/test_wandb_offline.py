@@ -8,7 +8,6 @@ import json
 import sys
 
 import pytest
-from conftest import q
 from real_counts import REAL, assert_matches, expected, real_tree_store
 
 CASES = {
@@ -29,7 +28,7 @@ def store(tmp_path_factory):
 
 
 def run_id(store, case: str) -> str:
-    ids = q(store, f"SELECT run_id FROM runs WHERE run_id LIKE '{case}%'")["run_id"].to_list()
+    ids = store.query(f"SELECT run_id FROM runs WHERE run_id LIKE '{case}%'")["run_id"].to_list()
     assert ids == [f"{case}/{run_dir(case)}"]
     return ids[0]
 
@@ -48,8 +47,8 @@ def test_history_matches_what_the_loop_logged(store, case):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_exit_record_is_the_status(store, case):
-    status, evidence = q(
-        store, f"SELECT status, evidence FROM runs WHERE run_id = '{run_id(store, case)}'"
+    status, evidence = store.query(
+        f"SELECT status, evidence FROM runs WHERE run_id = '{run_id(store, case)}'"
     ).row(0)
     assert status == CASES[case]
     assert evidence.startswith("W&B run exited with code " + ("0" if CASES[case] == "completed" else "1"))
@@ -57,13 +56,13 @@ def test_exit_record_is_the_status(store, case):
 
 def test_run_files_belong_to_the_run_and_config_is_kept(store):
     run = run_id(store, "wandb-0.31.0_clean")
-    files = dict(q(store, f"SELECT path, format FROM files WHERE run_id = '{run}'").rows())
+    files = dict(store.query(f"SELECT path, format FROM files WHERE run_id = '{run}'").rows())
     names = {p.split(run_dir("wandb-0.31.0_clean") + "/", 1)[1]: f for p, f in files.items()}
     assert names[f"run-{run_dir('wandb-0.31.0_clean').rsplit('-', 1)[1]}.wandb"] == "wandb"
     assert (
         "files/output.log" in names and "logs/debug.log" in names
     )  # listed under the run, not runs of their own
-    config = json.loads(q(store, f"SELECT config FROM runs WHERE run_id = '{run}'")["config"][0])
+    config = json.loads(store.query(f"SELECT config FROM runs WHERE run_id = '{run}'")["config"][0])
     assert config["wandb"]["config"] == {"lr": 0.05, "hidden": 16, "steps": 120, "seed": 0}
 
 
@@ -71,11 +70,11 @@ def test_without_the_package_the_history_is_a_listed_problem(tmp_path_factory, m
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
     store = real_tree_store(tmp_path_factory, {"old": "wandb_offline/wandb-0.17.9_clean/wandb"})
     run = f"old/{run_dir('wandb-0.17.9_clean')}"
-    problems = q(store, f"SELECT kind, message FROM problems WHERE run_id = '{run}'").rows()
+    problems = store.query(f"SELECT kind, message FROM problems WHERE run_id = '{run}'").rows()
     assert (
         "needs_package",
         "W&B history not read: the wandb package is not installed (pip install -e '.[wandb]')",
     ) in problems
-    assert q(store, f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}'")["n"][0] == 0
-    note = q(store, "SELECT note FROM files WHERE path LIKE '%wandb-summary.json'")["note"][0]
+    assert store.query(f"SELECT count(*) n FROM scalars_all WHERE run_id = '{run}'")["n"][0] == 0
+    note = store.query("SELECT note FROM files WHERE path LIKE '%wandb-summary.json'")["note"][0]
     assert note == "wandb-summary.json has no _step: nothing to place on the run's steps"

@@ -1,10 +1,9 @@
 """Cached data access for the app: the only module the pages read the store (and run rules) through.
 
 Every cached read takes the store generation as its first argument, so a new ingest (a new
-generation) invalidates it; queries run on a per-generation in-memory DuckDB that never locks
-the store, so an open app never blocks an ingest. Only the public views are read (`runs`,
-`scalars`, `scalars_all`, `file_tags`, `events`, `alerts`, `labels`, `lineage`); columns that
-newer stores add (e.g. an alert's `source` and `raised_at`) are used when present.
+generation) invalidates it; the store's questions (`workbench.store.reads`, the same the CLI
+and the Python API ask) run on a per-generation in-memory DuckDB that never locks the store, so
+an open app never blocks an ingest.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from detectors.rules import rules_from_text
 from ingest import lineage as lineage_graph
 from workbench.app import charts
 from workbench.errors import WorkbenchError
-from workbench.store import Store
+from workbench.store import Store, reads
 
 SELECTED = "selected_runs"  # session key shared by the pages
 X_MODES = ["step", "relative time", "wall time"]
@@ -44,64 +43,26 @@ def _connection(gen: str):
     return store().connect()
 
 
-def sql(gen: str, query: str, params: list | dict | None = None) -> pl.DataFrame:
+def read(gen: str, query: reads.Query) -> pl.DataFrame:
+    """One of the store's questions, on this generation's connection."""
     cur = _connection(gen).cursor()  # a cursor per call: connections are not shared between threads
     try:
-        return cur.sql(query, params=params).pl() if params else cur.sql(query).pl()
+        return query.frame(cur)
     finally:
         cur.close()
-
-
-@st.cache_data(show_spinner=False)
-def columns(gen: str, view: str) -> list[str]:
-    return sql(gen, f"SELECT * FROM {view} LIMIT 0").columns
-
-
-@st.cache_data(show_spinner=False)
-def tag_metrics(gen: str) -> dict[str, str | None]:
-    """tag -> canonical metric, read at each tag's first step only (a scan of every point
-    would cost seconds at 10M points)."""
-    firsts = sql(gen, "SELECT DISTINCT first_step FROM file_tags WHERE first_step IS NOT NULL")["first_step"]
-    if firsts.is_empty():
-        return {}
-    df = sql(
-        gen,
-        "SELECT tag, any_value(metric) AS metric FROM scalars_all WHERE step IN (SELECT unnest(?)) GROUP BY tag",
-        [firsts.to_list()],
-    )
-    return dict(df.iter_rows())
 
 
 @st.cache_data(show_spinner=False)
 def run_starts(gen: str) -> dict[str, float | None]:
     """run -> when it started (epoch seconds, its first file's first wall time), for every run:
     what the Curves page needs of `runs`, without its heavier columns."""
-    return dict(sql(gen, "SELECT run_id, epoch(started) FROM runs ORDER BY run_id").iter_rows())
+    return dict(read(gen, reads.run_starts()).iter_rows())
 
 
 @st.cache_data(show_spinner=False)
 def runs(gen: str) -> pl.DataFrame:
-    """Every run with its label, last loss, alert counts (live ones apart when a watch wrote
-    them) and config (JSON text)."""
-    loss_tags = [t for t, m in tag_metrics(gen).items() if m == "loss"]
-    live = "count(*) FILTER (WHERE source = 'live')" if "source" in columns(gen, "alerts") else "0"
-    return sql(
-        gen,
-        f"""
-        WITH a AS (SELECT run_id, count(*) AS alerts, {live} AS live_alerts FROM alerts GROUP BY run_id),
-             ends AS (SELECT run_id, tag, max(last_step) AS step FROM file_tags
-                      WHERE list_contains($loss, tag) GROUP BY ALL),
-             l AS (SELECT s.run_id, arg_max(s.value, s.step) AS last_loss FROM scalars s
-                   SEMI JOIN ends e ON e.run_id = s.run_id AND e.tag = s.tag AND e.step = s.step
-                   WHERE s.step IN (SELECT step FROM ends) GROUP BY s.run_id)
-        SELECT r.run_id, r.status, lb.outcome AS label, lb.onset, lb.kind AS failure, lb.source AS label_source,
-               r.formats, r.points, r.first_step, r.last_step, l.last_loss, coalesce(a.alerts, 0) AS alerts,
-               coalesce(a.live_alerts, 0) AS live_alerts, epoch(r.started) AS started, r.segments,
-               r.problems, r.evidence, r.config
-        FROM runs r LEFT JOIN labels lb USING (run_id) LEFT JOIN a USING (run_id) LEFT JOIN l USING (run_id)
-        ORDER BY r.run_id""",
-        {"loss": loss_tags or [""]},
-    )
+    """Every run with its label, last loss, alert counts (live ones apart) and config (JSON text)."""
+    return read(gen, reads.run_table())
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -120,9 +81,7 @@ def configs(gen: str) -> pl.DataFrame:
     """One row per run with a config, one column per config key (nested keys dotted, as W&B
     shows them), keys in first-seen order."""
     rows = []
-    for run, text in sql(
-        gen, "SELECT run_id, config FROM runs WHERE config IS NOT NULL ORDER BY run_id"
-    ).iter_rows():
+    for run, text in read(gen, reads.run_configs()).iter_rows():
         if text:
             try:
                 rows.append({"run_id": run, **_flatten(json.loads(text))})
@@ -149,14 +108,8 @@ def tags(gen: str, run_ids: tuple[str, ...]) -> pl.DataFrame:
     schema = {"tag": pl.String, "metric": pl.String, "runs": pl.UInt32}
     if not run_ids:
         return pl.DataFrame(schema=schema)
-    df = sql(
-        gen,
-        "SELECT tag, count(DISTINCT run_id)::UINTEGER AS runs FROM file_tags WHERE list_contains(?, run_id) GROUP BY tag",
-        [list(run_ids)],
-    )
-    metric = tag_metrics(gen)
     return (
-        df.with_columns(metric=pl.col("tag").replace_strict(metric, default=None, return_dtype=pl.String))
+        read(gen, reads.logged_tags(list(run_ids)))
         .select(list(schema))
         .sort([(pl.col("metric") != "loss").fill_null(True), pl.col("metric").is_null(), "tag"])
     )
@@ -169,29 +122,13 @@ def _series(gen: str, run_id: str, tag: str) -> dict[str, np.ndarray]:
     2 a duplicate of the step from another source (shown by that source's current row); and
     `cur_step`, `cur_wall`, `cur_value` for the current points alone. Held once per process
     (never copied per page view): read-only."""
-    df = sql(
-        gen,
-        "SELECT step, wall_time, value, superseded FROM scalars_all WHERE run_id = ? AND tag = ?",
-        [run_id, tag],
-    )
+    df = read(gen, reads.curve_points(run_id, tag))
     # parts are stored sorted by step: a single-writer series needs no sort (the common case)
     if not df["step"].is_sorted() or df["superseded"].any():
         df = df.sort(["step", "superseded"], descending=[False, True], maintain_order=True)
     kind = df["superseded"].cast(pl.Int8).to_numpy().copy()
     if kind.any():
-        dup = sql(
-            gen,
-            """WITH p AS (SELECT step, source, segment, superseded FROM scalars_all WHERE run_id = $r AND tag = $t),
-                    cur AS (SELECT DISTINCT step, source FROM p WHERE NOT superseded),
-                    ft AS (SELECT source, segment, first_step FROM file_tags WHERE run_id = $r AND tag = $t)
-               SELECT s.step FROM p s
-               WHERE s.superseded
-                 AND EXISTS (SELECT 1 FROM cur c WHERE c.step = s.step AND c.source <> s.source)
-                 AND NOT EXISTS (SELECT 1 FROM cur c WHERE c.step = s.step AND c.source = s.source)
-                 AND NOT EXISTS (SELECT 1 FROM ft WHERE ft.source = s.source AND ft.segment > s.segment
-                                 AND ft.first_step <= s.step)""",
-            {"r": run_id, "t": tag},
-        )["step"].to_numpy()
+        dup = read(gen, reads.duplicated_steps(run_id, tag))["step"].to_numpy()
         kind[(kind == 1) & np.isin(df["step"].to_numpy(), dup)] = 2
     out = {
         "step": df["step"].to_numpy(),
@@ -224,12 +161,7 @@ def prefetch(gen: str, pairs: list[tuple[str, str]]) -> None:
 def _clock(gen: str, run_id: str) -> tuple[np.ndarray, np.ndarray]:
     """step -> wall time over every source and tag of the run: the latest write of each step
     (the one the current rows came from when a resumed writer logged it again)."""
-    df = sql(
-        gen,
-        "SELECT step, max(wall_time) AS wall FROM scalars_all WHERE run_id = ? AND isfinite(wall_time) "
-        "GROUP BY step ORDER BY step",
-        [run_id],
-    )
+    df = read(gen, reads.run_clock(run_id))
     return df["step"].to_numpy().astype(np.float64), df["wall"].to_numpy()
 
 
@@ -411,15 +343,7 @@ def export(gen: str, pairs: tuple[tuple[str, str], ...], fmt: str) -> bytes:
     """The selected points in long format: run_id, tag, step, wall_time, value, superseded."""
     import io
 
-    frames = [
-        sql(
-            gen,
-            "SELECT run_id, tag, step, wall_time, value, superseded FROM scalars_all "
-            "WHERE run_id = ? AND tag = ? ORDER BY step",
-            [r, t],
-        )
-        for r, t in pairs
-    ]
+    frames = [read(gen, reads.export_points(r, t)) for r, t in pairs]
     data = pl.concat(frames) if frames else pl.DataFrame()
     if fmt == "csv":
         return data.write_csv().encode()
@@ -430,26 +354,17 @@ def export(gen: str, pairs: tuple[tuple[str, str], ...], fmt: str) -> bytes:
 
 @st.cache_data(show_spinner=False)
 def alerts(gen: str, run_ids: tuple[str, ...]) -> pl.DataFrame:
-    return sql(
-        gen,
-        "SELECT * FROM alerts WHERE list_contains(?, run_id) ORDER BY run_id, step_fired",
-        [list(run_ids)],
-    )
+    return read(gen, reads.alerts(list(run_ids)))
 
 
 @st.cache_data(show_spinner=False)
 def events(gen: str, run_ids: tuple[str, ...]) -> pl.DataFrame:
-    return sql(
-        gen,
-        "SELECT run_id, step, wall_time, kind, message FROM events WHERE list_contains(?, run_id) "
-        "AND step IS NOT NULL AND kind <> 'text' ORDER BY run_id, step",
-        [list(run_ids)],
-    )
+    return read(gen, reads.chart_events(list(run_ids)))
 
 
 @st.cache_data(show_spinner=False)
 def lineage(gen: str) -> pl.DataFrame:
-    return sql(gen, "SELECT * FROM lineage ORDER BY child_run, child_segment")
+    return read(gen, reads.lineage())
 
 
 @st.cache_data(show_spinner=False)

@@ -13,6 +13,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import duckdb
+
 from workbench.store.sql import literal
 
 # First match wins; patterns are matched against the lower-cased tag.
@@ -81,3 +83,11 @@ def metric_case_sql(column: str, user: dict[str, list[str]] | None = None) -> st
     for metric, regex in BUILTIN:
         arms.append(f"WHEN regexp_full_match(lower({column}), {literal(regex)}) THEN {literal(metric)}")
     return "CASE " + " ".join(arms) + " ELSE NULL END"
+
+
+def metrics_of(tags: list[str], user: dict[str, list[str]] | None = None) -> dict[str, str | None]:
+    """tag -> canonical metric (None if none) of these tags, as the store's views resolve them."""
+    rows = duckdb.execute(
+        f"SELECT tag, {metric_case_sql('tag', user)} FROM (SELECT unnest(?::VARCHAR[]) AS tag)", [tags]
+    ).fetchall()
+    return dict(rows)

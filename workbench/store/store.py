@@ -14,8 +14,9 @@ import fcntl
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -23,15 +24,25 @@ import pyarrow as pa
 import workbench.store.check as check_mod
 import workbench.store.integrity as integrity
 import workbench.store.layout as layout
+import workbench.store.reads as reads
 import workbench.store.views as views
 from workbench.errors import StoreError
 from workbench.store.layout import store_path
 from workbench.store.sql import duckdb_config
 from workbench.store.writer import CLI_LABEL_ORIGIN, StoreWriter
 
+if TYPE_CHECKING:
+    import polars as pl
+
+T = TypeVar("T")
+
 
 class Store:
-    """A store directory. `writer()` for ingest, `connect()` for queries, `check()` to verify."""
+    """A store directory. Its read methods answer the usual questions as polars frames
+    (`runs()`, `tags(run)`, `scalars(run, metric=...)`, `events`, `alerts`, `labels`, `lineage`,
+    `problems`, or any SELECT with `query(sql)`); `connect()` gives DuckDB over the views,
+    `writer()` the one writer, `check()` verifies. Each read opens the live generation anew, so
+    a long-lived Store sees every later ingest."""
 
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = store_path(root).absolute()
@@ -72,6 +83,68 @@ class Store:
             ) from None
         con.execute("SET lock_configuration = true")
         return con
+
+    def _ask(self, query: reads.Query, how: Callable[[duckdb.DuckDBPyRelation], T]) -> T:
+        """`how` applied to `query`'s answer, on a connection with only the views it reads."""
+        con = self.connect(query.sql)
+        try:
+            return how(query.on(con))
+        finally:
+            con.close()
+
+    def rows(self, query: reads.Query) -> list[tuple]:
+        """The rows of one of the store's questions (`workbench.store.reads`), as tuples."""
+        return self._ask(query, lambda rel: rel.fetchall())
+
+    def query(self, sql: str | reads.Query, params: list[Any] | dict[str, Any] | None = None) -> pl.DataFrame:
+        """Any one SELECT over the views (`?` or `$name` parameters), as a polars frame;
+        QueryError for another statement or one DuckDB refuses."""
+        if isinstance(sql, reads.Query):
+            return self._ask(sql, lambda rel: rel.pl())
+        reads.one_select(sql)
+        try:
+            return self._ask(reads.Query(sql, params or []), lambda rel: rel.pl())
+        except duckdb.Error as e:
+            raise reads.query_error(self.root, e) from None
+
+    def runs(self) -> pl.DataFrame:
+        """The `runs` view: one row per run with its status (and the evidence for it), formats,
+        files, segments, points, tags, step range, problems, config, consistency."""
+        return self.query(reads.runs())
+
+    def tags(self, run_id: str) -> pl.DataFrame:
+        """The tags of one run: tag, metric (canonical name or null), points, first_step,
+        last_step, non_finite (over its current points)."""
+        return self.query(reads.tags(run_id))
+
+    def scalars(
+        self, run_id: str, metric: str | None = None, tag: str | None = None, all_points: bool = False
+    ) -> pl.DataFrame:
+        """One run's current points (of a canonical `metric`, a `tag`, or both): step, value,
+        wall_time, tag, metric, source, by tag and step. `all_points`: the points later ones
+        replaced too, with `superseded`, `segment` and `source_file`."""
+        return self.query(reads.scalars(run_id, metric, tag, all_points))
+
+    def events(self, run_id: str | None = None, kinds: Sequence[str] | None = None) -> pl.DataFrame:
+        """The `events` view (of one run; of these kinds, e.g. ["overflow", "checkpoint"])."""
+        return self.query(reads.events(run_id, kinds))
+
+    def alerts(self, run_id: str | None = None) -> pl.DataFrame:
+        """The stored alerts (of one run): what the last replay and any watch raised."""
+        return self.query(reads.alerts(None if run_id is None else [run_id]))
+
+    def labels(self) -> pl.DataFrame:
+        """Each labelled run's outcome, onset and failure kind, and where the label came from."""
+        return self.query(reads.labels())
+
+    def lineage(self, run_id: str | None = None) -> pl.DataFrame:
+        """The edges of who continued whom (those into or out of one run), with the step and
+        evidence of each."""
+        return self.query(reads.lineage(run_id))
+
+    def problems(self, run_id: str | None = None) -> pl.DataFrame:
+        """What could not be read (of one run's files): path, offset, kind, message."""
+        return self.query(reads.problems(run_id))
 
     def check(self) -> check_mod.CheckReport:
         """Verify the store against its metadata (read-only); see `workbench.store.check`."""
