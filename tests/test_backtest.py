@@ -193,7 +193,26 @@ def test_cli_backtest_json_contract(sample_store, tmp_path):
         raise AssertionError(f"bare {token} in JSON output")
 
     doc = json.loads(p.stdout, parse_constant=no_bare_constants)
-    assert set(doc) == {"rules", "predictors", "kinds", "ensemble", "summary", "tuning", "schedule"}
+    assert set(doc) == {
+        "rules",
+        "predictors",
+        "kinds",
+        "ensemble",
+        "summary",
+        "tuning",
+        "schedule",
+        "attributes",
+        "skipped",
+        "families",
+        "not_evaluable",
+        "scorecard",
+        "tuning_families",
+    }
+    assert doc["attributes"] == ["trainer"] and doc["families"] and doc["not_evaluable"]
+    assert all(r["origin"] for r in doc["rules"])
+    assert all(
+        r["lofo_recall_family"].startswith("trainer=") for r in doc["rules"] if r["lofo_recall"] is not None
+    )
     required = [
         "rule",
         "params",
@@ -287,7 +306,7 @@ def test_ensemble_merges_alarms_within_the_refractory_and_scores_like_a_rule():
     st = Settings(horizon=20, lead=30, bootstrap=0, refractory=20)
     spike = (Rule("spike", "x > 1"), {"s1": [100], "s2": [101], "h1": [50]}, ["s1", "s2", "h1", "h2"])
     collapse = (Rule("collapse", "y > 1"), {"c1": [150], "h1": [60]}, ["c1", "h1", "h2"])
-    row, kinds = ensemble([spike, collapse], rs, st)
+    row, kinds, _, _ = ensemble([spike, collapse], rs, st)
     assert row["members"] == ["spike", "collapse"] and json.loads(row["params"])["members"] == [
         "spike",
         "collapse",
@@ -298,6 +317,25 @@ def test_ensemble_merges_alarms_within_the_refractory_and_scores_like_a_rule():
         "collapse": 1,
         "loss_spike": 2,
     }
+
+
+def test_a_failed_run_no_member_could_evaluate_counts_as_missed_in_the_ensemble():
+    rs = kinded()
+    st = Settings(horizon=20, lead=30, bootstrap=0, refractory=20)
+    spike = (Rule("spike", "x > 1"), {"s1": [100], "s2": [101]}, ["s1", "s2", "h1", "h2"])
+    row, kinds, _, outs = ensemble([spike], rs, st)
+    # c1 (collapse) is out of reach of every member: missed, not dropped from the recall
+    assert outs["c1"].verdict == "not evaluable" and outs["c1"].reason == "no member rule could evaluate it"
+    assert row["recall"] == pytest.approx(2 / 3) and row["recall_all"] == pytest.approx(2 / 3)
+    assert (row["runs_evaluable"], row["evaluable_failed"], row["not_evaluable_failed"]) == (4, 2, 1)
+    assert row["never_fired"] == 1
+    collapse = next(k for k in kinds if k["kind"] == "collapse")
+    assert (collapse["runs"], collapse["evaluable"], collapse["detected"], collapse["recall"]) == (
+        1,
+        0,
+        0,
+        0.0,
+    )
 
 
 def test_summary_rows_carry_the_kinds_a_rule_catches_and_recovery_success():
@@ -345,14 +383,14 @@ def test_cross_validation_shows_what_the_in_sample_pick_hides():
         (Rule("t", "x > 1", params={"k": 1}), p1, False),
     ]
     runs = ["f1", "f2", "h1", "h2"]
-    row = tune_rule(rule_points, runs, [], [[r] for r in runs], budget=0.0)
+    row, _ = tune_rule(rule_points, runs, [], [[r] for r in runs], budget=0.0)
     assert list(row) == TUNE_FIELDS
     assert row["picked_params"] == '{"k": 0}' and row["default_params"] == '{"k": 0}'
     assert (row["in_sample_recall"], row["in_sample_trigger_rate_healthy"]) == (0.5, 0.0)
     assert (row["cv_recall"], row["cv_trigger_rate_healthy"]) == (0.5, 0.5)
     assert row["pick_agreement"] == 0.75 and row["optimism_recall"] == 0.0
     # with a budget that lets P1's false alarm through, P1 wins in-sample; scored on held-out runs
-    loose = tune_rule(rule_points, ["f1", "f3", "h1"], ["f2", "h2"], [["f1"], ["f3"], ["h1"]], budget=10.0)
+    loose, _ = tune_rule(rule_points, ["f1", "f3", "h1"], ["f2", "h2"], [["f1"], ["f3"], ["h1"]], budget=10.0)
     assert loose["picked_params"] == '{"k": 1}' and loose["holdout_recall"] == 1.0
     assert loose["default_holdout_recall"] == 0.0 and loose["holdout_trigger_rate_healthy"] == 0.0
 
@@ -423,10 +461,16 @@ def test_dynamic_schedule_counts_evals_saved_and_knees_missed():
 GOLDEN_BUILTINS = Path(__file__).parent / "golden" / "backtest_builtins.json"
 
 
-def test_golden_summary_of_the_builtins(sample_store):
+@pytest.fixture(scope="module")
+def builtins_backtest(sample_store):
+    """The built-ins and the guides' rules at their own parameters on sample_runs, with the scorecard."""
+    return backtest(sample_store, None, None, Settings(bootstrap=200), predictors=False, scorecard=True)
+
+
+def test_golden_summary_of_the_builtins(builtins_backtest):
     """Every built-in at its own parameters on sample_runs: the summary rows, the kind matrix as
     detected/evaluable cells, the ensemble; reviewed in the diff when a detector changes."""
-    res = backtest(sample_store, None, None, Settings(bootstrap=200), predictors=False)
+    res = builtins_backtest
     keep = (
         "rule",
         "runs_evaluable",
@@ -489,7 +533,7 @@ def test_cli_summary_and_tune(sample_store):
     ):
         assert needle in text
     rows = backtest_cli("--summary", "--format", "csv").splitlines()
-    assert rows[0].split(",")[:3] == ["rule", "params", "runs_evaluable"] and len(rows) > 20
+    assert rows[0].split(",")[:4] == ["rule", "params", "origin", "runs_evaluable"] and len(rows) > 20
     tuned = backtest_cli(
         "--rules", str(ROOT / "detectors/guides.toml"), "--tune", "--holdout", "*spike*", "--budget", "0.5"
     )
@@ -506,3 +550,49 @@ def test_fisher_exact_upper_tail_matches_scipy(n_f, n_h, data):
     a, c = data.draw(hst.integers(0, n_f)), data.draw(hst.integers(0, n_h))
     p = fisher_exact([[a, n_f - a], [c, n_h - c]], alternative="greater")[1]
     assert fisher_greater(a, n_f, c, n_h) == pytest.approx(p, rel=1e-9, abs=1e-12)
+
+
+# --- no run silently out of a score; leave one family out ----------------------------------------
+def test_every_labelled_run_a_rule_could_not_evaluate_is_listed_with_why(builtins_backtest):
+    res = builtins_backtest
+    why = {(r["rule"], r["run_id"]): r["reason"] for r in res.not_evaluable}
+    # the Keras run logs no gradient norm; it logged 12 epochs, fewer than a 50-step window
+    assert why["non_finite_grad_norm", "keras_csvlogger_appended"] == "no such metric: grad_norm not logged"
+    assert why["loss_spike", "keras_csvlogger_appended"] == "too few steps: 12 logged, the rule needs 50"
+    # the overflow storm starts at step 70: 79 steps up to onset + horizon, not OLMo's 128
+    assert why["olmo_spike", "fp16_overflow_storm"] == (
+        "too few steps: 79 logged before the failure, the rule needs 128"
+    )
+    assert why["P3_eval_stalled", "deepspeed_default_log_level"] == "no eval: eval_loss not logged"
+    rows = {r["rule"]: r for r in res.rules if r["default"]}
+    for rule_id, row in rows.items():  # every labelled run is either scored or listed
+        listed = sum(1 for r in res.not_evaluable if r["rule"] == rule_id)
+        assert row["runs_evaluable"] + listed == row["runs_failed"] + row["runs_healthy"], rule_id
+    olmo = rows["olmo_spike"]
+    assert olmo["not_evaluable_failed"] == 2 and olmo["evaluable_failed"] == olmo["runs_failed"] - 2
+    assert olmo["recall_all"] == pytest.approx(
+        olmo["recall"] * olmo["evaluable_failed"] / olmo["runs_failed"]
+    )
+
+
+def test_each_score_has_its_worst_family_beside_it(builtins_backtest):
+    """sample_runs' labels carry the trainer: the HF run whose NaN the Trainer filtered out of
+    the logged loss is the one failed run non_finite_loss misses, so trainer=hf is its worst
+    family (recall 0) while in-sample recall is not 0."""
+    res = builtins_backtest
+    assert res.attributes == ["trainer"]
+    nf = next(r for r in res.rules if r["rule"] == "non_finite_loss")
+    assert nf["recall"] > 0 and (nf["lofo_recall"], nf["lofo_recall_family"]) == (0.0, "trainer=hf")
+    fam = {(r["rule"], r["family"]): r for r in res.families}
+    assert (fam["non_finite_loss", "hf"]["runs"], fam["non_finite_loss", "hf"]["evaluable_failed"]) == (2, 1)
+    assert fam["non_finite_loss", "deepspeed"]["recall"] == 1.0
+    ens = res.ensemble
+    assert ens["lofo_recall"] == 1.0 and ens["lofo_trigger_rate_healthy"] == 0.0
+    assert {r["family"] for r in res.families if r["rule"] == "ensemble"} == {
+        "deepspeed",
+        "hf",
+        "keras",
+        "loop",
+        "moe",
+        "trl",
+    }

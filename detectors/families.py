@@ -1,0 +1,103 @@
+"""Leave one family out: how a score holds on runs unlike the ones it was measured or tuned on.
+
+A family is one value of one attribute of the runs' labels (labels.toml: `trainer = "hf"`,
+`optimizer = "sgd"`, `size = "small"`, ...); a run without the attribute is in the family
+`(unset)` of it. Attributes are those asked for (`--family`), or every one a labelled run has.
+- A rule at fixed parameters was fitted to no run, so holding a family out is scoring it on that
+  family alone: `family_rows` gives its score on each family (the `families` table); `worst`
+  takes, per score, the worst family's figure (lowest recall, precision, trigger rate on failed
+  runs, separation and lead; highest trigger rate on healthy runs and false alarms), over every
+  family of every attribute, named `attribute=value`: the LOFO figure beside the in-sample one.
+- With --tune, parameters are picked on all families but one and scored on the held-out one,
+  for each family (`detectors.tuning.lofo`), and the worst family is reported the same way.
+A family too small for a score (no failed run for recall, no healthy run for false alarms)
+gives none for it.
+"""
+
+from __future__ import annotations
+
+from detectors.scoring import LOFO_KEYS, Outcome, RunInfo, json_num, metrics
+from detectors.series import ReplayError
+
+UNSET = "(unset)"
+FAMILY_FIELDS = [
+    "rule",
+    "params",
+    "attribute",
+    "family",
+    "runs",
+    "evaluable_failed",
+    "evaluable_healthy",
+    *LOFO_KEYS,
+    "first_trigger_mean",
+    "first_trigger_std",
+]
+Families = dict[str, dict[str, list[str]]]  # attribute -> family (value) -> run ids
+
+
+def attributes(runs: dict[str, RunInfo], wanted: list[str] | None = None) -> list[str]:
+    """The attributes to hold families out by: `wanted`, else every one a labelled run has."""
+    present = sorted({k for r in runs.values() for k in r.attrs})
+    if not wanted:
+        return present
+    unknown = [a for a in wanted if a not in present]
+    if unknown:
+        raise ReplayError(
+            f"no labelled run has the attribute {', '.join(unknown)}; "
+            f"attributes in the labels: {', '.join(present) or 'none (add e.g. trainer = ... to labels.toml)'}"
+        )
+    return list(wanted)
+
+
+def families(runs: dict[str, RunInfo], attrs: list[str]) -> Families:
+    """Per attribute, its families and their runs (sorted)."""
+    out: Families = {}
+    for a in attrs:
+        fam: dict[str, list[str]] = {}
+        for run in sorted(runs):
+            fam.setdefault(runs[run].attrs.get(a, UNSET), []).append(run)
+        out[a] = dict(sorted(fam.items()))
+    return out
+
+
+def family_rows(
+    rule_id: str, params: str, outs: dict[str, Outcome], fams: Families, among: set[str] | None = None
+) -> list[dict]:
+    """The score of one rule (outcomes per run) on each family alone; `among`: only these runs
+    (e.g. one failure kind and the healthy runs)."""
+    rows = []
+    for attr, fam in fams.items():
+        for value, members in fam.items():
+            o = [outs[r] for r in members if r in outs and (among is None or r in among)]
+            if not o:
+                continue
+            m = metrics(o)
+            rows.append(
+                {
+                    "rule": rule_id,
+                    "params": params,
+                    "attribute": attr,
+                    "family": value,
+                    "runs": len(o),
+                    **{k: m.get(k) for k in FAMILY_FIELDS[5:]},
+                }
+            )
+    return rows
+
+
+def worst(rows: list[dict], keys: dict[str, bool] = LOFO_KEYS) -> dict:
+    """Per score, the worst family's figure (`lofo_<score>`) and which (`lofo_<score>_family`,
+    `attribute=value`); None where no family has the score. Ties: the first attribute, family."""
+    out: dict = {}
+    for key, higher_is_better in keys.items():
+        have = [(r[key], f"{r['attribute']}={r['family']}") for r in rows if r.get(key) is not None]
+        pick = (min if higher_is_better else max)(have, key=lambda c: c[0]) if have else (None, None)
+        out[f"lofo_{key}"], out[f"lofo_{key}_family"] = json_num(pick[0]), pick[1]
+    return out
+
+
+def family_size(rows: list[dict], family: str | None) -> dict | None:
+    """The family row named `attribute=value` (the first one: its runs and rates)."""
+    if family is None:
+        return None
+    return next((r for r in rows if f"{r['attribute']}={r['family']}" == family), None)
