@@ -530,14 +530,26 @@ def test_cli_summary_and_tune(sample_store):
         "Ensemble",
         "plateau within 200",
         "knees missed",
+        "recovered manual",
+        "(n=1 < 5)",  # first trigger over fewer failed runs than the guides quote
+        "Not evaluable: 186 (rule, labelled run) pairs",
+        "Leave one family out over trainer",
     ):
         assert needle in text
+    card = backtest_cli("--scorecard", "--format", "markdown").splitlines()
+    assert card[0].startswith("| rule | origin | kind | failed (eval) | precision | recall |")
+    nf = next(line for line in card if line.startswith("| non_finite_loss | workbench | all |"))
+    assert "15% \\| 0% (trainer=hf)" in nf  # recall in-sample | worst family
+    unknown = cli("backtest", "--family", "optimiser", store=sample_store)
+    assert unknown.exit_code != 0 and "no labelled run has the attribute optimiser" in unknown.stderr
+    assert "attributes in the labels: trainer" in unknown.stderr
     rows = backtest_cli("--summary", "--format", "csv").splitlines()
     assert rows[0].split(",")[:4] == ["rule", "params", "origin", "runs_evaluable"] and len(rows) > 20
     tuned = backtest_cli(
         "--rules", str(ROOT / "detectors/guides.toml"), "--tune", "--holdout", "*spike*", "--budget", "0.5"
     )
     assert "cross-val recall / FA" in tuned and "holdout (2 runs) picked" in tuned
+    assert "LOFO recall (worst family)" in tuned and "(trainer=" in tuned
     bad = cli("backtest", "--folds", "3", store=sample_store)
     assert bad.exit_code != 0 and "--tune" in bad.stderr
 
