@@ -192,7 +192,7 @@ LOFO_CAPTION = "a | b: in-sample | leave one family out (the worst family's figu
 def _worst(r: dict, key: str, pct: bool = False) -> str:
     """The leave-one-family-out figure of a score: the worst family's value and which family."""
     v, fam = r.get(f"lofo_{key}"), r.get(f"lofo_{key}_family")
-    return "-" if v is None else f"{_fmt(v, pct)} ({escape(fam)})"
+    return "-" if v is None else f"{_fmt(v, pct)} ({escape(str(fam))})"
 
 
 def _lofo(r: dict, key: str, pct: bool = False) -> str:
