@@ -21,7 +21,19 @@ from hypothesis import strategies as hst
 
 from detectors.backtest import RULE_FIELDS, RunInfo, Settings, backtest, best_under_budget, frontier, score
 from detectors.kinds import KIND_FIELDS, SUMMARY_FIELDS, ensemble, kind_rows, merge_alarms, summary_rows
-from detectors.predictors import EPS, W, fit_curve, forecast_plateau, schedule_scores
+from detectors.predictors import (
+    EPS,
+    EVAL_EMA_WEIGHT,
+    MIN_EVAL_POINTS,
+    W,
+    always_calls,
+    fit_curve,
+    forecast_plateau,
+    plateau_labels,
+    plateau_onset,
+    schedule_scores,
+    verdict,
+)
 from detectors.rules import Rule
 from detectors.scoring import fisher_greater, outcomes
 from detectors.streaks import ALERT_SCHEMA
@@ -246,7 +258,13 @@ def test_cli_backtest_json_contract(sample_store, tmp_path):
         "baseline_error_at_25",
         "baseline_error_at_50",
     ]
-    assert {p["predictor"] for p in doc["predictors"]} >= {"slope_rule", "curve_fit"}
+    pred += ["recall", "false_calls_per_1k", "ema_error_at_10", "verdict", "criterion"]
+    assert {p["predictor"] for p in doc["predictors"]} == {
+        "slope_rule",
+        "reduce_lr_on_plateau",
+        "curve_fit",
+        "always",
+    }
     assert all(set(pred) <= set(p) for p in doc["predictors"])
     assert (tmp_path / "out/rules.parquet").exists() and (tmp_path / "out/backtest.json").exists()
 
@@ -442,6 +460,41 @@ def test_fit_curve_recovers_exact_families_and_forecasts_their_plateau():
     power = 0.5 + 3.0 * t**-0.7
     assert np.allclose(fit_curve(t, power, 200.0)(t), power, rtol=5e-3)
     assert fit_curve(t[:3], power[:3], 10.0) is None
+
+
+def test_plateau_labels_come_from_the_eval_curve_where_one_is_logged():
+    """A train loss still falling while the eval loss has flattened: the label is the eval
+    curve's onset; a run without eval points is labelled from its train loss."""
+    steps = np.arange(0, 1000)
+    train = 1.0 + 2.0 * np.exp(-steps / 100)  # improves > 0.5 % per 100 steps until ~step 550
+    ev_steps = np.arange(0, 1000, 25)
+    evals = 1.5 + 2.0 * np.exp(-ev_steps / 40)  # flat by ~step 200
+    onsets, from_eval = plateau_labels({"a": (steps, train), "b": (steps, train)}, {"a": (ev_steps, evals)})
+    assert from_eval == {"a"}
+    assert onsets["a"] == plateau_onset(ev_steps, evals, EVAL_EMA_WEIGHT) and onsets["a"] <= 300
+    assert onsets["b"] == plateau_onset(steps, train) and 550 <= onsets["b"] <= 650
+    few = plateau_labels(
+        {"c": (steps, train)}, {"c": (ev_steps[: MIN_EVAL_POINTS - 1], evals[: MIN_EVAL_POINTS - 1])}
+    )
+    assert few == ({"c": onsets["b"]}, set())  # too few eval points: the train loss decides
+
+
+def test_a_predictor_that_does_not_beat_the_naive_one_says_so():
+    row = {
+        "predictor": "fit",
+        "precision": 0.4,
+        **{f"final_loss_error_at_{f}": e for f, e in zip((10, 25, 50), (1.4, 0.6, 1.1), strict=True)},
+        **{f"baseline_error_at_{f}": e for f, e in zip((10, 25, 50), (0.9, 0.7, 4.0), strict=True)},
+        **{f"ema_error_at_{f}": e for f, e in zip((10, 25, 50), (1.2, 0.5, 3.3), strict=True)},
+    }
+    assert verdict(row, 0.45) == (
+        "plateau calls no more precise than calling at every checkpoint (40.0% vs 45.0%); "
+        "final-loss forecast no better than the naive last value or EMA at 10 %, 25 %"
+    )
+    assert verdict({"predictor": "slope", "precision": 0.9}, 0.45) == (
+        "plateau calls beat calling at every checkpoint (90.0% vs 45.0%)"
+    )
+    assert always_calls({"r": (np.arange(100), np.zeros(100))})["r"][:3] == [9, 14, 19]
 
 
 def test_dynamic_schedule_counts_evals_saved_and_knees_missed():

@@ -162,27 +162,7 @@ def backtest_report(result, budget: float, frontier, best_under_budget) -> None:
             + (escape(f"{best['params']} (recall {_fmt(best['recall'], True)})") if best else "none"),
             highlight=False,
         )
-    pt = Table(
-        "predictor",
-        "calls",
-        "came true",
-        "precision",
-        "timing err",
-        "final-loss err @10/25/50%",
-        "last-value err @10/25/50%",
-        header_style="bold",
-    )
-    for p in result.predictors:
-        pt.add_row(
-            p["predictor"],
-            _fmt(p["calls"]),
-            _fmt(p["calls_true"]),
-            _fmt(p["precision"], True),
-            _fmt(p["timing_error_median"]),
-            " / ".join(_fmt(p[f"final_loss_error_at_{f}"]) for f in (10, 25, 50)),
-            " / ".join(_fmt(p[f"baseline_error_at_{f}"]) for f in (10, 25, 50)),
-        )
-    out.print(pt)
+    _predictors(out, result, schedule=False)
     closing_note(out, result)
 
 
@@ -445,19 +425,28 @@ def _kind_matrix(out: Console, result) -> None:
     out.print(table)
 
 
-def _predictors(out: Console, result) -> None:
+def _predictors(out: Console, result, schedule: bool = True) -> None:
+    """The plateau callers and final-loss forecasts beside the naive ones, with their verdict."""
+    if not result.predictors:
+        return
     pt = Table(
         "predictor",
         "plateau calls",
         "came true",
         "precision",
-        "plateaus found",
+        "recall (plateaus)",
+        "false calls/1k",
         "timing err",
         "plateau-step err @10/25/50%",
         "final-loss err @10/25/50%",
         "last-value err @10/25/50%",
+        "EMA err @10/25/50%",
+        "verdict",
         header_style="bold",
-        title="'plateau within 200 steps' and final-loss forecasts",
+        title="'plateau within 200 steps' and final-loss forecasts, beside naive baselines",
+        caption=escape(result.predictors[0]["criterion"])
+        + f" ({result.predictors[0]['plateaus_from_eval']} of the plateaus from eval curves); "
+        "false calls per 1k steps of runs that never plateau; always: calls at every checkpoint",
     )
     for p in result.predictors:
         found = "-" if p["recall"] is None else f"{_fmt(p['recall'], True)} of {p['plateaus']}"
@@ -467,13 +456,16 @@ def _predictors(out: Console, result) -> None:
             _fmt(p["calls_true"]),
             _fmt(p["precision"], True),
             found,
+            _fmt(p["false_calls_per_1k"]),
             _fmt(p["timing_error_median"]),
             " / ".join(_fmt(p[f"plateau_step_error_at_{f}"]) for f in (10, 25, 50)),
             " / ".join(_fmt(p[f"final_loss_error_at_{f}"]) for f in (10, 25, 50)),
             " / ".join(_fmt(p[f"baseline_error_at_{f}"]) for f in (10, 25, 50)),
+            " / ".join(_fmt(p[f"ema_error_at_{f}"]) for f in (10, 25, 50)),
+            escape(p["verdict"]),
         )
     out.print(pt)
-    if not result.schedule:
+    if not schedule or not result.schedule:
         return
     s0 = result.schedule[0]
     st = Table(
