@@ -244,6 +244,7 @@ def fit_curve(t: np.ndarray, y: np.ndarray, t_end: float):
             fit = min(fit, _best_c(family, x, y, fit[3] * step ** np.arange(-8, 9)))
         if best is None or fit[0] < best[0]:
             best = (*fit, family)
+    assert best is not None  # both families were fitted
     _, a, b, c, family = best
 
     def curve(steps):
@@ -272,10 +273,10 @@ def forecast_plateau(curve, t_now: float, step: float) -> int | None:
 
 def curve_fit_scores(series: dict[str, tuple[np.ndarray, np.ndarray]], onsets: dict) -> tuple[dict, dict]:
     """The curve-fit predictor's object and its plateau calls per run (call step, next checkpoint)."""
-    errs = {f: [] for f in FRACTIONS}
-    base = {f: [] for f in FRACTIONS}
+    errs: dict[int, list[float]] = {f: [] for f in FRACTIONS}
+    base: dict[int, list[float]] = {f: [] for f in FRACTIONS}
     ema_base: dict[int, list[float]] = {f: [] for f in FRACTIONS}
-    plateau_errs = {f: [] for f in FRACTIONS}
+    plateau_errs: dict[int, list[float]] = {f: [] for f in FRACTIONS}
     calls: dict[str, list[tuple[int, int]]] = {}
     used = []
     for run, (steps, vals) in series.items():
