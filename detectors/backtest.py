@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+import duckdb
 import numpy as np
 import polars as pl
 
@@ -74,10 +75,12 @@ if TYPE_CHECKING:
     from workbench.executor import Executor
 
 
-def load_labels(store: Store, run_ids: list[str]) -> tuple[dict[str, RunInfo], int]:
+def load_labels(store: Store, run_ids: list[str], con=None) -> tuple[dict[str, RunInfo], int]:
     """Labelled runs of the selection (failed/healthy, with their attributes; steps filled in
-    during replay) and the count of the rest (unknown or unlabelled)."""
-    rows = store.connect().execute("SELECT run_id, outcome, onset, kind, attrs FROM labels").fetchall()
+    during replay) and the count of the rest (unknown or unlabelled); `con`: a connection to
+    the store to reuse (each connect builds the views)."""
+    con = con or store.connect()
+    rows = con.execute("SELECT run_id, outcome, onset, kind, attrs FROM labels").fetchall()
     labels = {r[0]: r for r in rows}
     runs, unknown = {}, 0
     for run in run_ids:
@@ -112,9 +115,9 @@ RECOVERIES_SQL = f"""
     WHERE e.run_id NOT IN (SELECT child_run FROM lineage)"""
 
 
-def load_recoveries(store: Store) -> list[tuple[str, int | None, bool, str]]:
+def load_recoveries(con: duckdb.DuckDBPyConnection) -> list[tuple[str, int | None, bool, str]]:
     """(run recovered, step the recovery was triggered or rolled back to, did the continuation
-    end healthy, automatic | manual) for every recovery the logs show.
+    end healthy, automatic | manual) for every recovery the logs show (`con`: to the store).
 
     Automatic: inside the run: it resumed from an earlier checkpoint of its own (a lineage edge
     within the run) with its configuration unchanged, or it logged a recovery event
@@ -122,7 +125,7 @@ def load_recoveries(store: Store) -> list[tuple[str, int | None, bool, str]]:
     recovery and fork edges), or as a new segment with a changed configuration (lineage's
     `changes`). Healthy: the continuation is labelled healthy, or it completed and no failure
     of its label starts after the recovery."""
-    return [tuple(r) for r in store.connect().execute(RECOVERIES_SQL).fetchall()]  # type: ignore[misc]
+    return [tuple(r) for r in con.execute(RECOVERIES_SQL).fetchall()]  # type: ignore[misc]
 
 
 @dataclass
@@ -224,7 +227,8 @@ def backtest(
     if not groups:
         raise ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")
     run_ids = [r for g in groups for r in g]
-    runs, unknown = load_labels(store, run_ids)
+    con = store.connect()  # one connection (its views are built once) for every query below
+    runs, unknown = load_labels(store, run_ids, con)
     if not runs:
         raise ReplayError(
             "no labelled runs in the selection: add a labels.toml beside the runs "
@@ -235,20 +239,20 @@ def backtest(
     points = [(p, p.params_json == rule.params_json, rule) for rule in rules for p in _points(rule)]
     extra = list(PREDICTOR_RULES.values()) if predictors else []  # replayed in the same pass
     done = replay_labelled(store, [p for p, _, _ in points] + extra, groups, runs, executor)
-    scored, skipped = judge_points(store, points, done[: len(points)], runs, settings, explicit)
-    in_job = in_job_detector(store, runs, settings)
+    scored, skipped = judge_points(store, points, done[: len(points)], runs, settings, explicit, con)
+    in_job = in_job_detector(con, runs, settings)
     result = BacktestResult([], [], unknown, len(run_ids), attributes=attrs, skipped=skipped)
-    _score_all(result, store, [*scored, *([in_job] if in_job else [])], runs, settings, fams, explicit)
+    _score_all(result, con, [*scored, *([in_job] if in_job else [])], runs, settings, fams, explicit)
     if scorecard:
         result.scorecard = [
             row for s in scored if s.default for row in scorecard_rows(s.point, s.outs, runs, fams)
         ] + ([row for row in scorecard_rows(in_job.point, in_job.outs, runs, fams)] if in_job else [])
     if predictors:
         replayed = dict(zip(PREDICTOR_RULES, done[len(points) :], strict=True))
-        result.predictors, result.schedule = evaluate_predictors(store, runs, replayed)
+        result.predictors, result.schedule = evaluate_predictors(con, runs, replayed)
     if tune:
         result.tuning, result.tuning_families = _tune(
-            store, scored, runs, settings, budget, folds, holdout_glob, fams
+            con, scored, runs, settings, budget, folds, holdout_glob, fams
         )
     return result
 
@@ -260,6 +264,7 @@ def judge_points(
     runs: dict[str, RunInfo],
     settings: Settings,
     explicit: bool,
+    con=None,
 ) -> tuple[list[Scored], dict[str, str]]:
     """Each replayed point's outcomes on the labelled runs it could be evaluated on, and why
     not on the others (asked once per rule, of its own parameters); and the rules evaluable
@@ -278,7 +283,9 @@ def judge_points(
         if default or parent.id not in asked:
             ok = set(d.evaluable)
             asked[parent.id] = (p, [r for r in runs if r not in ok])
-    reasons = missing_reasons(store, [p for p, _ in asked.values()], [m for _, m in asked.values()], runs)
+    reasons = missing_reasons(
+        store, [p for p, _ in asked.values()], [m for _, m in asked.values()], runs, con
+    )
     why = dict(zip(asked, reasons, strict=True))
     out = []
     for p, default, parent, d in live:
@@ -293,7 +300,7 @@ def judge_points(
 
 def _score_all(
     result: BacktestResult,
-    store: Store,
+    con: duckdb.DuckDBPyConnection,
     scored: list[Scored],
     runs: dict[str, RunInfo],
     settings: Settings,
@@ -301,7 +308,7 @@ def _score_all(
     explicit: bool,
 ) -> None:
     """The rule rows, kind rows, family rows, not-evaluable rows, the ensemble and the summary."""
-    recoveries = load_recoveries(store)
+    recoveries = load_recoveries(con)
     for s in scored:
         fr = family_rows(s.point.id, s.point.params_json, s.outs, fams)
         result.rules.append(
@@ -331,15 +338,15 @@ def _score_all(
 IN_JOB = "in_job_alerts"
 
 
-def in_job_detector(store: Store, runs: dict[str, RunInfo], settings: Settings) -> Scored | None:
+def in_job_detector(
+    con: duckdb.DuckDBPyConnection, runs: dict[str, RunInfo], settings: Settings
+) -> Scored | None:
     """The training jobs' own alert lines (events of kind `in_job_alert`: a TensorBoard
     `ALERT/...` text summary, `grad_anomaly_step`, `LOSS ANOMALY`) as a detector, judged on
     every labelled run; None when no selected run logged any."""
-    rows = (
-        store.connect()
-        .execute("SELECT run_id, step FROM events WHERE kind = 'in_job_alert' AND step IS NOT NULL")
-        .fetchall()
-    )
+    rows = con.execute(
+        "SELECT run_id, step FROM events WHERE kind = 'in_job_alert' AND step IS NOT NULL"
+    ).fetchall()
     fired: dict[str, list[int]] = {}
     for run, step in rows:
         if run in runs and step >= runs[run].first_step + settings.warmup:
@@ -396,11 +403,12 @@ def judge(store: Store, rule: Rule, runs_glob: str | None, settings: Settings) -
     """One rule's outcome per labelled run, judged as `backtest` judges it (the same replay,
     warm-up, coverage and `scoring.outcome`): what the app's per-run table shows."""
     groups = batches(store, runs_glob)
-    runs, _ = load_labels(store, [r for g in groups for r in g])
+    con = store.connect()
+    runs, _ = load_labels(store, [r for g in groups for r in g], con)
     done = replay_labelled(store, [rule], groups, runs)
     if done[0].error:
         return Judgement(runs, {}, [], done[0].alerts, done[0].error)
-    (s,), _ = judge_points(store, [(rule, True, rule)], done, runs, settings, True)
+    (s,), _ = judge_points(store, [(rule, True, rule)], done, runs, settings, True, con)
     unlabelled = [r for r in done[0].evaluable if r not in runs]
     return Judgement(runs, s.outs | s.missing, sorted(s.evaluable + unlabelled), done[0].alerts)
 
@@ -419,10 +427,10 @@ def _in_ensemble(rule: Rule, explicit: bool) -> bool:
     return explicit or rule.detector is not None
 
 
-def _tune(store, scored, runs, settings, budget, folds, holdout_glob, fams) -> tuple[list[dict], list[dict]]:
+def _tune(con, scored, runs, settings, budget, folds, holdout_glob, fams) -> tuple[list[dict], list[dict]]:
     held = [r for r in runs if holdout_glob and fnmatch.fnmatchcase(r, holdout_glob)]
     tuning_runs = sorted(r for r in runs if r not in held)
-    edges = store.connect().execute("SELECT child_run, parent_run FROM lineage").fetchall()
+    edges = con.execute("SELECT child_run, parent_run FROM lineage").fetchall()
     groups = run_groups(tuning_runs, edges)
     fold_list = folds_of(groups, folds, settings.seed)
     by_rule: dict[str, list] = {}

@@ -85,38 +85,46 @@ def too_short(
 
 
 def missing_reasons(
-    store: Store, rules: list[Rule], missing: list[list[str]], runs: dict[str, RunInfo]
+    store: Store, rules: list[Rule], missing: list[list[str]], runs: dict[str, RunInfo], con=None
 ) -> list[dict[str, str]]:
     """Per rule, why it could not be evaluated on each of its `missing` runs: the rule replayed
-    on that run alone says what it lacks. Runs are loaded LOAD_RUNS at a time, each once."""
+    on those runs alone says what they lack (all of them at once when it is evaluable on none,
+    then each run alone). Runs are loaded LOAD_RUNS at a time, each once; `con`: a connection
+    to the store to reuse."""
     wanted = sorted({r for m in missing for r in m if r in runs})
     out: list[dict[str, str]] = [{} for _ in rules]
     for i in range(0, len(wanted), LOAD_RUNS):
-        data = load(store, wanted[i : i + LOAD_RUNS])
-        for run in data.runs:
-            one = _only(data, run)
-            for k, rule in enumerate(rules):
-                if run in missing[k]:
-                    out[k][run] = _why(rule, one)
+        data = load(store, wanted[i : i + LOAD_RUNS], con)
+        for k, rule in enumerate(rules):
+            mine = [r for r in data.runs if r in set(missing[k])]
+            if not mine:
+                continue
+            why = _why(rule, _only(data, mine))
+            out[k].update(
+                dict.fromkeys(mine, why)
+                if why
+                else {r: _why(rule, _only(data, [r])) or "no such metric" for r in mine}
+            )
     return out
 
 
-def _only(data: SeriesData, run: str) -> SeriesData:
-    """One run of a loaded batch as its own SeriesData."""
-    points = data.points.filter(pl.col("run_id") == run)  # type: ignore[union-attr]  # decoded on access
-    return SeriesData(points, data.events.filter(pl.col("run_id") == run), [run])
+def _only(data: SeriesData, runs: list[str]) -> SeriesData:
+    """Some runs of a loaded batch as their own SeriesData."""
+    points = data.points.filter(pl.col("run_id").is_in(runs))  # type: ignore[union-attr]  # decoded on access
+    return SeriesData(points, data.events.filter(pl.col("run_id").is_in(runs)), runs)
 
 
-def _why(rule: Rule, one: SeriesData) -> str:
+def _why(rule: Rule, some: SeriesData) -> str | None:
+    """What the replay says these runs lack, or None when it names nothing all of them lack."""
     try:
-        _, ok = evaluate(rule, one)
+        evaluate(rule, some)
     except ReplayError as e:
         text = str(e).split(";")[0].removeprefix(f"rule {rule.id}: ").removeprefix(f"{rule.id}: ")
         text = text.replace(" found in no selected run", " not logged").replace(
             " found in a selected run", " logged"
         )
         return ("no eval: " if "eval" in text else "no such metric: ") + text
-    return "no such metric" if not ok else "not evaluable with the other runs of its batch"
+    return None
 
 
 def reason_rows(rule_id: str, params: str, missing: dict, runs: dict[str, RunInfo]) -> list[dict]:

@@ -31,12 +31,12 @@ Each predictor row says which (`criterion`, `plateaus_from_eval`).
 
 from __future__ import annotations
 
+import duckdb
 import numpy as np
 import polars as pl
 
 from detectors.builtins.plateaus import Plateau
 from detectors.rules import Rule
-from workbench.store import Store
 
 EMA_WEIGHT, EPS, W, HORIZON = 0.9, 0.005, 100, 200
 EVAL_EMA_WEIGHT, MIN_EVAL_POINTS = 0.5, 8  # eval curves are sparse: a lighter EMA over their points
@@ -86,18 +86,14 @@ PREDICTOR_RULES = {
 
 
 def loss_series(
-    store: Store, run_ids: list[str], metric: str = "loss"
+    con: duckdb.DuckDBPyConnection, run_ids: list[str], metric: str = "loss"
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per run, the steps and values of a metric (the tag named like it, else the one with the
-    most points)."""
-    df = (
-        store.connect()
-        .sql(
-            "SELECT run_id, tag, step, value FROM scalars WHERE metric = ? ORDER BY run_id, tag, step",
-            params=[metric],
-        )
-        .pl()
-    )
+    most points), from a connection to the store."""
+    df = con.sql(
+        "SELECT run_id, tag, step, value FROM scalars WHERE metric = ? ORDER BY run_id, tag, step",
+        params=[metric],
+    ).pl()
     df = df.filter(pl.col("run_id").is_in(run_ids))
     best = (
         df.group_by("run_id", "tag")
@@ -389,13 +385,15 @@ def verdict(row: dict, naive_precision: float | None) -> str:
     return "; ".join(said) if said else "naive baseline"
 
 
-def evaluate_predictors(store: Store, runs: dict, replayed: dict) -> tuple[list[dict], list[dict]]:
+def evaluate_predictors(
+    con: duckdb.DuckDBPyConnection, runs: dict, replayed: dict
+) -> tuple[list[dict], list[dict]]:
     """The predictor objects (the naive `always` among them; every field present, null where it
     does not apply) and the dynamic evaluation schedule each drives; `replayed` holds the
     replays of PREDICTOR_RULES over the same runs."""
     run_ids = sorted(runs)
-    series = loss_series(store, run_ids)
-    onsets, from_eval = plateau_labels(series, loss_series(store, run_ids, "eval_loss"))
+    series = loss_series(con, run_ids)
+    onsets, from_eval = plateau_labels(series, loss_series(con, run_ids, "eval_loss"))
     evaluated = sorted(series)
     lengths = {r: len(series[r][0]) for r in evaluated}
     modes = {name: _intervals(replayed[name], run_ids) for name in PREDICTOR_RULES}
