@@ -214,6 +214,8 @@ def _family_picks(
                 continue
             i = pick(counts, ~np.isin(tuning_runs, sorted(held)), budget, default)
             point, outs, _ = rule_points[i]
+            if not any(r in outs for r in members):
+                continue  # the rule could evaluate none of the family's runs
             m = _scores(outs, members)
             rows.append(
                 {

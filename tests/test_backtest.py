@@ -413,6 +413,57 @@ def test_cross_validation_shows_what_the_in_sample_pick_hides():
     assert loose["default_holdout_recall"] == 0.0 and loose["holdout_trigger_rate_healthy"] == 0.0
 
 
+def test_leaving_a_family_out_shows_what_picking_on_the_others_costs_it():
+    """P1 catches every failed run but fires on x's healthy run; P0 is quiet and catches f1.
+    Picked on y alone, P1 looks free and fires on x's healthy run; picked on x alone, P0 wins
+    and misses y's failed run: both worst families show what the in-sample pick (P0) hides."""
+    from detectors.families import families
+
+    def r(run, outcome, trainer):
+        return RunInfo(
+            run, outcome, 100 if outcome == "failed" else None, 0, np.arange(200), "k", {"trainer": trainer}
+        )
+
+    rs = {
+        "f1": r("f1", "failed", "x"),
+        "f2": r("f2", "failed", "x"),
+        "h1": r("h1", "healthy", "x"),
+        "f3": r("f3", "failed", "y"),
+        "h2": r("h2", "healthy", "y"),
+    }
+    st = Settings(horizon=20, lead=30)
+    p0 = outcomes({"f1": [100]}, list(rs), rs, st)
+    p1 = outcomes({"f1": [100], "f2": [100], "f3": [100], "h1": [50]}, list(rs), rs, st)
+    points = [
+        (Rule("t", "x > 1", params={"k": 0}), p0, True),
+        (Rule("t", "x > 1", params={"k": 1}), p1, False),
+    ]
+    runs = sorted(rs)
+    row, fams = tune_rule(points, runs, [], [[x] for x in runs], 0.0, fams=families(rs, ["trainer"]))
+    assert row["picked_params"] == '{"k": 0}' and row["in_sample_trigger_rate_healthy"] == 0.0
+    assert [(f["family"], f["picked_params"], f["recall"], f["trigger_rate_healthy"]) for f in fams] == [
+        ("x", '{"k": 1}', 1.0, 1.0),
+        ("y", '{"k": 0}', 0.0, 0.0),
+    ]
+    assert (row["lofo_recall"], row["lofo_recall_family"]) == (0.0, "trainer=y")
+    assert (row["lofo_trigger_rate_healthy"], row["lofo_trigger_rate_healthy_family"]) == (1.0, "trainer=x")
+    # a group of related runs reaching into the held-out family is held out whole: with h1 a
+    # restart of h2, holding y out holds h1 out too, so P1 looks free on x's failed runs
+    _, grouped = tune_rule(
+        points,
+        runs,
+        [],
+        [[x] for x in runs],
+        0.0,
+        groups=[["f1"], ["f2"], ["f3"], ["h1", "h2"]],
+        fams=families(rs, ["trainer"]),
+    )
+    assert [(f["family"], f["runs"], f["picked_params"], f["recall"]) for f in grouped] == [
+        ("x", 3, '{"k": 1}', 1.0),
+        ("y", 2, '{"k": 1}', 1.0),
+    ]
+
+
 def test_pick_prefers_the_default_on_a_tie_and_the_quietest_point_when_nothing_fits():
     rs = {
         "f": RunInfo("f", "failed", 100, 0, np.arange(200), "k"),
@@ -443,6 +494,15 @@ def test_backtest_tune_scores_builtin_grids_by_cross_validation(sample_store):
     # the resumed and recovered runs stay with the runs they continue: fewer folds than runs
     assert spike["folds"] < res.rules[0]["runs_failed"] + res.rules[0]["runs_healthy"] - 2
     assert 0.0 <= spike["pick_agreement"] <= 1.0
+    # each trainer held out in turn: the MoE runs' failures are the hardest for loss_spike
+    held = {f["family"]: f for f in res.tuning_families if f["rule"] == "loss_spike"}
+    assert set(held) == {
+        "deepspeed",
+        "loop",
+        "moe",
+    }  # at the pick (window 100) the HF, Keras, TRL runs are too short
+    assert (held["moe"]["runs"], held["moe"]["recall"]) == (6, pytest.approx(1 / 3))
+    assert (spike["lofo_recall"], spike["lofo_recall_family"]) == (pytest.approx(1 / 3), "trainer=moe")
 
 
 # --- predictors: curve fits, plateau forecasts, evaluation schedules ------------------------------
