@@ -2,12 +2,16 @@
 
 A family is one value of one attribute of the runs' labels (labels.toml: `trainer = "hf"`,
 `optimizer = "sgd"`, `size = "small"`, ...); a run without the attribute is in the family
-`(unset)` of it. Attributes are those asked for (`--family`), or every one a labelled run has.
+`(unset)` of it. Attributes are those asked for (`--family`), else every one the labels carry
+that splits the runs into families: at least two values, and at most one per two runs (a
+run's duration or a checksum is not a family).
 - A rule at fixed parameters was fitted to no run, so holding a family out is scoring it on that
   family alone: `family_rows` gives its score on each family (the `families` table); `worst`
   takes, per score, the worst family's figure (lowest recall, precision, trigger rate on failed
   runs, separation and lead; highest trigger rate on healthy runs and false alarms), over every
-  family of every attribute, named `attribute=value`: the LOFO figure beside the in-sample one.
+  family of every attribute that holds at least MIN_FAMILY_RUNS runs the score counts (failed
+  runs for recall, healthy runs for their trigger rate, ...), named `attribute=value`: the LOFO
+  figure beside the in-sample one. Smaller families are in the table, not in the worst.
 - With --tune, parameters are picked on all families but one and scored on the held-out one,
   for each family (`detectors.tuning.lofo`), and the worst family is reported the same way.
 A family too small for a score (no failed run for recall, no healthy run for false alarms)
@@ -20,6 +24,16 @@ from detectors.scoring import LOFO_KEYS, Outcome, RunInfo, json_num, metrics
 from detectors.series import ReplayError
 
 UNSET = "(unset)"
+MIN_FAMILY_RUNS = 3  # a family's score counts towards the worst with at least this many runs behind it
+# the runs behind each score: failed, healthy, or both (every run of the family)
+_BEHIND = {
+    "trigger_rate_failed": ("evaluable_failed",),
+    "recall": ("evaluable_failed",),
+    "lead_time_median": ("evaluable_failed",),
+    "trigger_rate_healthy": ("evaluable_healthy",),
+    "false_alarms_per_1k_healthy": ("evaluable_healthy",),
+    "separation": ("evaluable_failed", "evaluable_healthy"),
+}
 FAMILY_FIELDS = [
     "rule",
     "params",
@@ -36,10 +50,12 @@ Families = dict[str, dict[str, list[str]]]  # attribute -> family (value) -> run
 
 
 def attributes(runs: dict[str, RunInfo], wanted: list[str] | None = None) -> list[str]:
-    """The attributes to hold families out by: `wanted`, else every one a labelled run has."""
+    """The attributes to hold families out by: `wanted`, else every one the labels carry that
+    splits the runs into families (see the module docstring)."""
     present = sorted({k for r in runs.values() for k in r.attrs})
     if not wanted:
-        return present
+        values = {a: {r.attrs.get(a, UNSET) for r in runs.values()} for a in present}
+        return [a for a in present if 2 <= len(values[a]) <= len(runs) // 2]
     unknown = [a for a in wanted if a not in present]
     if unknown:
         raise ReplayError(
@@ -87,17 +103,23 @@ def family_rows(
 
 def worst(rows: list[dict], keys: dict[str, bool] = LOFO_KEYS) -> dict:
     """Per score, the worst family's figure (`lofo_<score>`) and which (`lofo_<score>_family`,
-    `attribute=value`); None where no family has the score. Ties: the first attribute, family."""
+    `attribute=value`), among families with MIN_FAMILY_RUNS runs behind the score; None where
+    none has. Ties: the first attribute, family."""
     out: dict = {}
     for key, higher_is_better in keys.items():
-        have = [(r[key], f"{r['attribute']}={r['family']}") for r in rows if r.get(key) is not None]
+        have = [
+            (r[key], f"{r['attribute']}={r['family']}")
+            for r in rows
+            if r.get(key) is not None and _behind(r, key) >= MIN_FAMILY_RUNS
+        ]
         pick = (min if higher_is_better else max)(have, key=lambda c: c[0]) if have else (None, None)
         out[f"lofo_{key}"], out[f"lofo_{key}_family"] = json_num(pick[0]), pick[1]
     return out
 
 
-def family_size(rows: list[dict], family: str | None) -> dict | None:
-    """The family row named `attribute=value` (the first one: its runs and rates)."""
-    if family is None:
-        return None
-    return next((r for r in rows if f"{r['attribute']}={r['family']}" == family), None)
+def _behind(row: dict, key: str) -> int:
+    """How many of the family's runs a score counts (every run when the row does not say)."""
+    counts = [row.get(c) for c in _BEHIND.get(key, ())]
+    if not counts or any(c is None for c in counts):
+        return row.get("runs") or 0
+    return min(counts)

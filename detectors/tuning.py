@@ -31,7 +31,16 @@ from detectors.rules import Rule
 from detectors.scoring import LOFO_KEYS, Outcome, metrics
 
 _KEYS = ("recall", "trigger_rate_failed", "trigger_rate_healthy", "false_alarms_per_1k")
-TUNE_FAMILY_FIELDS = ["rule", "attribute", "family", "runs", "picked_params", *_KEYS]
+TUNE_FAMILY_FIELDS = [
+    "rule",
+    "attribute",
+    "family",
+    "runs",
+    "evaluable_failed",
+    "evaluable_healthy",
+    "picked_params",
+    *_KEYS,
+]
 TUNE_FIELDS = [
     "rule",
     "points",
@@ -223,6 +232,8 @@ def _family_picks(
                     "attribute": attr,
                     "family": value,
                     "runs": sum(r in outs for r in members),
+                    "evaluable_failed": m["evaluable_failed"],
+                    "evaluable_healthy": m["evaluable_healthy"],
                     "picked_params": point.params_json,
                     **{k: m[k] for k in _KEYS},
                 }

@@ -414,9 +414,9 @@ def test_cross_validation_shows_what_the_in_sample_pick_hides():
 
 
 def test_leaving_a_family_out_shows_what_picking_on_the_others_costs_it():
-    """P1 catches every failed run but fires on x's healthy run; P0 is quiet and catches f1.
+    """P1 catches every failed run but fires on x's healthy h1; P0 is quiet and catches f1 only.
     Picked on y alone, P1 looks free and fires on x's healthy run; picked on x alone, P0 wins
-    and misses y's failed run: both worst families show what the in-sample pick (P0) hides."""
+    and misses y's failed runs: both worst families show what the in-sample pick (P0) hides."""
     from detectors.families import families
 
     def r(run, outcome, trainer):
@@ -424,44 +424,60 @@ def test_leaving_a_family_out_shows_what_picking_on_the_others_costs_it():
             run, outcome, 100 if outcome == "failed" else None, 0, np.arange(200), "k", {"trainer": trainer}
         )
 
+    x = ["f1", "f2", "f4", "h1", "h3", "h4"]
     rs = {
-        "f1": r("f1", "failed", "x"),
-        "f2": r("f2", "failed", "x"),
-        "h1": r("h1", "healthy", "x"),
-        "f3": r("f3", "failed", "y"),
-        "h2": r("h2", "healthy", "y"),
+        n: r(n, "failed" if n[0] == "f" else "healthy", "x" if n in x else "y")
+        for n in [*x, "f3", "f5", "f6", "h2", "h5", "h6"]
     }
     st = Settings(horizon=20, lead=30)
     p0 = outcomes({"f1": [100]}, list(rs), rs, st)
-    p1 = outcomes({"f1": [100], "f2": [100], "f3": [100], "h1": [50]}, list(rs), rs, st)
+    p1 = outcomes({**{f: [100] for f in rs if f[0] == "f"}, "h1": [50]}, list(rs), rs, st)
     points = [
         (Rule("t", "x > 1", params={"k": 0}), p0, True),
         (Rule("t", "x > 1", params={"k": 1}), p1, False),
     ]
-    runs = sorted(rs)
-    row, fams = tune_rule(points, runs, [], [[x] for x in runs], 0.0, fams=families(rs, ["trainer"]))
+    runs, fams = sorted(rs), families(rs, ["trainer"])
+    row, held = tune_rule(points, runs, [], [[n] for n in runs], 0.0, fams=fams)
     assert row["picked_params"] == '{"k": 0}' and row["in_sample_trigger_rate_healthy"] == 0.0
-    assert [(f["family"], f["picked_params"], f["recall"], f["trigger_rate_healthy"]) for f in fams] == [
-        ("x", '{"k": 1}', 1.0, 1.0),
+    assert [(f["family"], f["picked_params"], f["recall"], f["trigger_rate_healthy"]) for f in held] == [
+        ("x", '{"k": 1}', 1.0, pytest.approx(1 / 3)),
         ("y", '{"k": 0}', 0.0, 0.0),
     ]
     assert (row["lofo_recall"], row["lofo_recall_family"]) == (0.0, "trainer=y")
-    assert (row["lofo_trigger_rate_healthy"], row["lofo_trigger_rate_healthy_family"]) == (1.0, "trainer=x")
-    # a group of related runs reaching into the held-out family is held out whole: with h1 a
-    # restart of h2, holding y out holds h1 out too, so P1 looks free on x's failed runs
-    _, grouped = tune_rule(
-        points,
-        runs,
-        [],
-        [[x] for x in runs],
-        0.0,
-        groups=[["f1"], ["f2"], ["f3"], ["h1", "h2"]],
-        fams=families(rs, ["trainer"]),
+    assert (row["lofo_trigger_rate_healthy"], row["lofo_trigger_rate_healthy_family"]) == (
+        pytest.approx(1 / 3),
+        "trainer=x",
     )
+    # a group of related runs reaching into the held-out family is held out whole: with h1 a
+    # restart of h2, holding y out holds h1 out too, so P1 looks free on x's runs
+    groups = [[n] for n in runs if n not in ("h1", "h2")] + [["h1", "h2"]]
+    _, grouped = tune_rule(points, runs, [], [[n] for n in runs], 0.0, groups=groups, fams=fams)
     assert [(f["family"], f["runs"], f["picked_params"], f["recall"]) for f in grouped] == [
-        ("x", 3, '{"k": 1}', 1.0),
-        ("y", 2, '{"k": 1}', 1.0),
+        ("x", 6, '{"k": 1}', 1.0),
+        ("y", 6, '{"k": 1}', 1.0),
     ]
+
+
+def test_families_too_small_are_listed_but_never_the_worst_and_unique_values_are_no_family():
+    from detectors.families import attributes, families, family_rows, worst
+
+    def r(run, outcome, opt, secs):
+        return RunInfo(
+            run,
+            outcome,
+            100 if outcome == "failed" else None,
+            0,
+            np.arange(200),
+            "k",
+            {"opt": opt, "seconds": secs},
+        )
+
+    rs = {n: r(n, "failed", "adam" if i < 3 else "sgd", str(i)) for i, n in enumerate(["a", "b", "c", "d"])}
+    assert attributes(rs) == ["opt"]  # `seconds` differs on every run: no family
+    outs = outcomes({"a": [100], "b": [100], "c": [100]}, list(rs), rs, Settings(horizon=20, lead=30))
+    rows = family_rows("t", "{}", outs, families(rs, ["opt"]))
+    assert [(f["family"], f["recall"]) for f in rows] == [("adam", 1.0), ("sgd", 0.0)]
+    assert worst(rows)["lofo_recall"] == 1.0  # sgd's one failed run is too few to be the worst
 
 
 def test_pick_prefers_the_default_on_a_tie_and_the_quietest_point_when_nothing_fits():
@@ -652,7 +668,7 @@ def test_cli_summary_and_tune(sample_store):
     card = backtest_cli("--scorecard", "--format", "markdown").splitlines()
     assert card[0].startswith("| rule | origin | kind | failed (eval) | precision | recall |")
     nf = next(line for line in card if line.startswith("| non_finite_loss | workbench | all |"))
-    assert "15% \\| 0% (trainer=hf)" in nf  # recall in-sample | worst family
+    assert "15% \\| 0% (trainer=moe)" in nf  # recall in-sample | worst family
     unknown = cli("backtest", "--family", "optimiser", store=sample_store)
     assert unknown.exit_code != 0 and "no labelled run has the attribute optimiser" in unknown.stderr
     assert "attributes in the labels: trainer" in unknown.stderr
@@ -701,15 +717,24 @@ def test_every_labelled_run_a_rule_could_not_evaluate_is_listed_with_why(builtin
 
 
 def test_each_score_has_its_worst_family_beside_it(builtins_backtest):
-    """sample_runs' labels carry the trainer: the HF run whose NaN the Trainer filtered out of
-    the logged loss is the one failed run non_finite_loss misses, so trainer=hf is its worst
-    family (recall 0) while in-sample recall is not 0."""
+    """sample_runs' labels carry the trainer: the MoE runs' failures (a collapsed router, a
+    dominating balance loss, a memory leak) never turn the loss NaN, so trainer=moe is
+    non_finite_loss's worst family (recall 0 on 3 failed runs) while in-sample recall is not 0;
+    the HF run whose NaN the Trainer filtered out is missed too, but one run is too few to be
+    the worst family."""
     res = builtins_backtest
     assert res.attributes == ["trainer"]
     nf = next(r for r in res.rules if r["rule"] == "non_finite_loss")
-    assert nf["recall"] > 0 and (nf["lofo_recall"], nf["lofo_recall_family"]) == (0.0, "trainer=hf")
+    assert nf["recall"] > 0 and (nf["lofo_recall"], nf["lofo_recall_family"]) == (0.0, "trainer=moe")
     fam = {(r["rule"], r["family"]): r for r in res.families}
-    assert (fam["non_finite_loss", "hf"]["runs"], fam["non_finite_loss", "hf"]["evaluable_failed"]) == (2, 1)
+    assert (fam["non_finite_loss", "moe"]["runs"], fam["non_finite_loss", "moe"]["evaluable_failed"]) == (
+        6,
+        3,
+    )
+    assert (fam["non_finite_loss", "hf"]["evaluable_failed"], fam["non_finite_loss", "hf"]["recall"]) == (
+        1,
+        0.0,
+    )
     assert fam["non_finite_loss", "deepspeed"]["recall"] == 1.0
     ens = res.ensemble
     assert ens["lofo_recall"] == 1.0 and ens["lofo_trigger_rate_healthy"] == 0.0
