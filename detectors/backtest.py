@@ -289,9 +289,9 @@ def judge_points(
     why = dict(zip(asked, reasons, strict=True))
     out = []
     for p, default, parent, d in live:
-        short = too_short(p, d.evaluable, runs, settings)
-        ok_runs = [r for r in d.evaluable if r not in short]
         alarms = alarms_by_run(d.alerts, runs, settings)
+        short = too_short(p, d.evaluable, runs, settings, alarms)
+        ok_runs = [r for r in d.evaluable if r not in short]
         outs = outcomes(alarms, ok_runs, runs, settings)
         missing = not_evaluated(runs, ok_runs, why.get(parent.id, {}) | short)
         out.append(Scored(p, default, parent, alarms, ok_runs, outs, missing))

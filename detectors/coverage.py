@@ -5,10 +5,11 @@ A rule cannot be evaluated on a run when:
   evaluation series, e.g. a run that never evaluates and a rule on `eval_loss`); the reason
   quotes the replay's own message for that run alone;
 - `too few steps`: the run logged fewer steps than the rule needs before it can fire: its
-  longest window, lag or baseline (`history_needed`) plus its `for_steps` and `warmup`. On a
-  failed run only the steps up to onset + horizon count (later ones cannot detect it). Steps
-  are those of the run's most-logged series, so a rule over a sparser series is given the
-  benefit of the doubt.
+  longest window, lag or baseline (`history_needed`: from its condition; for a built-in in
+  code the `min_points` it declares, else its parameters named in HISTORY_PARAMS) plus its
+  `for_steps` and `warmup`. On a failed run only the steps up to onset + horizon count (later
+  ones cannot detect it). Steps are those of the run's most-logged series, so a rule over a
+  sparser series is given the benefit of the doubt, and so is a rule that fired on the run.
 Such runs leave the rule's own score (its rates are over the runs it could see) and are listed
 with their reason; scores over every labelled run (`recall_all`, the ensemble) count a failed
 run nobody could see as missed.
@@ -65,15 +66,20 @@ def _points(call: language.Call) -> int:
 
 
 def too_short(
-    rule: Rule, evaluable: list[str], runs: dict[str, RunInfo], settings: Settings
+    rule: Rule,
+    evaluable: list[str],
+    runs: dict[str, RunInfo],
+    settings: Settings,
+    fired: dict[str, list[int]] | None = None,
 ) -> dict[str, str]:
     """The labelled runs among `evaluable` with fewer logged steps than the rule needs (on a
-    failed run, before onset + horizon), with the reason in words."""
+    failed run, before onset + horizon), with the reason in words; a run the rule fired on
+    (`fired`) had enough, whatever the estimate says."""
     need = history_needed(rule)
     out = {}
     for run in evaluable:
         info = runs.get(run)
-        if info is None:
+        if info is None or (fired or {}).get(run):
             continue
         steps = info.steps
         if info.outcome == "failed" and info.onset is not None:

@@ -746,3 +746,25 @@ def test_each_score_has_its_worst_family_beside_it(builtins_backtest):
         "moe",
         "trl",
     }
+
+
+def test_history_a_rule_needs_and_runs_too_short_for_it():
+    from detectors.coverage import history_needed, too_short
+
+    assert history_needed(Rule("a", "loss > mean(loss, 100) + 3 * std(loss, 50)", for_steps=5)) == 104
+    assert history_needed(Rule("b", "delta(loss, 3) > 1", warmup=10)) == 4 + 10
+    assert history_needed(Rule("c", "loss > 1")) == 1
+    rs = {
+        "short": RunInfo("short", "healthy", None, 0, np.arange(60)),
+        "late": RunInfo("late", "failed", 150, 0, np.arange(400)),  # 151 steps up to 150 + 0
+        "early": RunInfo("early", "failed", 40, 0, np.arange(400)),  # its failure comes at step 40
+    }
+    rule = Rule("w", "loss > mean(loss, 100)")
+    st = Settings(horizon=0)
+    assert too_short(rule, list(rs), rs, st) == {
+        "short": "too few steps: 60 logged, the rule needs 100",
+        "early": "too few steps: 41 logged before the failure, the rule needs 100",
+    }
+    assert too_short(rule, list(rs), rs, st, fired={"early": [30]}) == {
+        "short": "too few steps: 60 logged, the rule needs 100"
+    }  # it fired there, so it had enough
