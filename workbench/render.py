@@ -123,7 +123,7 @@ def backtest_report(result, budget: float, frontier, best_under_budget) -> None:
         "first trigger",
         "never",
         header_style="bold",
-        caption=LOFO_CAPTION,
+        caption=_lofo_caption(),
     )
     for r in result.rules:
         table.add_row(
@@ -166,7 +166,13 @@ def backtest_report(result, budget: float, frontier, best_under_budget) -> None:
     closing_note(out, result)
 
 
-LOFO_CAPTION = "a | b: in-sample | leave one family out (the worst family's figure)"
+def _lofo_caption() -> str:
+    from detectors.families import MIN_FAMILY_RUNS
+
+    return (
+        "a | b: in-sample | leave one family out: the worst family's figure "
+        f"(among families with {MIN_FAMILY_RUNS} runs or more behind it)"
+    )
 
 
 def _worst(r: dict, key: str, pct: bool = False) -> str:
@@ -307,7 +313,7 @@ def backtest_summary(result) -> None:
         "recovered manual",
         "catches",
         header_style="bold",
-        caption=LOFO_CAPTION + "; recovered: continuations that ended healthy / recoveries after an alarm",
+        caption=_lofo_caption() + "; recovered: continuations that ended healthy / recoveries after an alarm",
     )
     for r in result.summary:
         table.add_row(
@@ -380,7 +386,7 @@ def scorecard(result, fmt: str = "table") -> None:
             ]
         )
     note = (
-        f"{LOFO_CAPTION}; families by {', '.join(result.attributes) or 'none (no label attributes)'}; "
+        f"{_lofo_caption()}; families by {', '.join(result.attributes) or 'none (no label attributes)'}; "
         f"precision, FA/1k over the kind's failed runs and every healthy run; per rule, all kinds "
         f"and each kind it detects; failed (eval): labelled failed runs (those it could evaluate); "
         f"{result.runs} runs"
