@@ -244,9 +244,8 @@ def backtest(
     result = BacktestResult([], [], unknown, len(run_ids), attributes=attrs, skipped=skipped)
     _score_all(result, con, [*scored, *([in_job] if in_job else [])], runs, settings, fams, explicit)
     if scorecard:
-        result.scorecard = [
-            row for s in scored if s.default for row in scorecard_rows(s.point, s.outs, runs, fams)
-        ] + ([row for row in scorecard_rows(in_job.point, in_job.outs, runs, fams)] if in_job else [])
+        carded = [s for s in scored if s.default] + ([in_job] if in_job else [])
+        result.scorecard = [row for s in carded for row in scorecard_rows(s.point, s.outs, runs, fams)]
     if predictors:
         replayed = dict(zip(PREDICTOR_RULES, done[len(points) :], strict=True))
         result.predictors, result.schedule = evaluate_predictors(con, runs, replayed)
