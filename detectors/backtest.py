@@ -89,7 +89,7 @@ def load_labels(store: Store, run_ids: list[str], con=None) -> tuple[dict[str, R
             unknown += 1
             continue
         kind = (lab[3] or "unspecified") if lab[1] == "failed" else None
-        attrs = {k: _attr(v) for k, v in json.loads(lab[4]).items()} if lab[4] else {}
+        attrs = {k: _attr(v) for k, v in json.loads(lab[4]).items() if v != ""} if lab[4] else {}
         runs[run] = RunInfo(run, lab[1], lab[2], 0, np.array([], dtype=np.int64), kind, attrs)
     return runs, unknown
 

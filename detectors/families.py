@@ -2,9 +2,10 @@
 
 A family is one value of one attribute of the runs' labels (labels.toml: `trainer = "hf"`,
 `optimizer = "sgd"`, `size = "small"`, ...); a run without the attribute is in the family
-`(unset)` of it. Attributes are those asked for (`--family`), else every one the labels carry
-that splits the runs into families: at least two values, and at most one per two runs (a
-run's duration or a checksum is not a family).
+`(unset)` of it (an empty value is no value). Attributes are those asked for (`--family`),
+else every one the labels carry that splits the runs into families: carried by at least half
+of the runs (a detail of some runs, such as where a spike was injected, is not a family), with
+at least two values and at most one per two runs (a run's duration is not a family).
 - A rule at fixed parameters was fitted to no run, so holding a family out is scoring it on that
   family alone: `family_rows` gives its score on each family (the `families` table); `worst`
   takes, per score, the worst family's figure (lowest recall, precision, trigger rate on failed
@@ -55,7 +56,8 @@ def attributes(runs: dict[str, RunInfo], wanted: list[str] | None = None) -> lis
     present = sorted({k for r in runs.values() for k in r.attrs})
     if not wanted:
         values = {a: {r.attrs.get(a, UNSET) for r in runs.values()} for a in present}
-        return [a for a in present if 2 <= len(values[a]) <= len(runs) // 2]
+        carried = {a: sum(a in r.attrs for r in runs.values()) for a in present}
+        return [a for a in present if 2 * carried[a] >= len(runs) and 2 <= len(values[a]) <= len(runs) // 2]
     unknown = [a for a in wanted if a not in present]
     if unknown:
         raise ReplayError(
