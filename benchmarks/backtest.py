@@ -171,7 +171,7 @@ def tuning(store, n_runs: int) -> None:
     per_rule = [(i * 20, (i + 1) * 20) for i in range(len(RULES))]
     t0 = time.perf_counter()
     ours = [
-        tune_rule([(points[j], outs[j], j == a) for j in range(a, b)], ids, [], folds, 1.0)
+        tune_rule([(points[j], outs[j], j == a) for j in range(a, b)], ids, [], folds, 1.0)[0]
         for a, b in per_rule
     ]
     dt_ours = time.perf_counter() - t0

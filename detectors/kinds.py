@@ -6,7 +6,11 @@
   and lead time; plus a `healthy` row per rule with its trigger rate and false alarms per 1k
   healthy steps. Rates are over the runs the rule could be evaluated on (null when none).
 - ensemble: the union of the alarms of its members (alarms of different rules closer than the
-  refractory are one event), scored like a rule over the runs any member could be evaluated on.
+  refractory are one event), scored like a rule over the runs any member could be evaluated on
+  and the failed runs none could, which count as missed.
+- scorecard: per rule at its own parameters and per failure kind (and `all`), precision,
+  recall, false alarms per 1k steps, median lead and first trigger mean +- std over the runs
+  of that kind and the healthy runs, in-sample and leave-one-family-out (detectors.families).
 - summary: per rule at its own parameters, the figures the guides quote: first trigger step
   mean +- std on failed runs, trigger rate on failed vs healthy runs (with bootstrap intervals),
   recovery success where restarts are logged, and the kinds it catches (recall >= 0.5).
@@ -14,10 +18,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
+from detectors.families import Families, family_rows, worst
 from detectors.rules import Rule
-from detectors.scoring import Outcome, RunInfo, Settings, json_num, outcomes, score_outcomes
+from detectors.scoring import (
+    LOFO_FIELDS,
+    Outcome,
+    RunInfo,
+    Settings,
+    json_num,
+    metrics,
+    not_evaluated,
+    outcomes,
+    score_outcomes,
+)
 
 HEALTHY = "healthy"
 KIND_FIELDS = [
@@ -38,9 +55,13 @@ KIND_FIELDS = [
 SUMMARY_FIELDS = [
     "rule",
     "params",
+    "origin",
     "runs_evaluable",
+    "not_evaluable_failed",
+    "not_evaluable_healthy",
     "first_trigger_mean",
     "first_trigger_std",
+    "first_trigger_runs",
     "never_fired",
     "trigger_rate_failed",
     "trigger_rate_failed_ci_low",
@@ -51,13 +72,39 @@ SUMMARY_FIELDS = [
     "separation",
     "separation_p",
     "recall",
+    "recall_all",
     "false_alarms_per_1k_healthy",
     "lead_time_median",
     "recoveries_after_alarm",
     "recoveries_healthy",
     "recovery_success",
+    "recoveries_automatic",
+    "recoveries_automatic_healthy",
+    "recovery_success_automatic",
+    "recoveries_manual",
+    "recoveries_manual_healthy",
+    "recovery_success_manual",
     "kinds_caught",
+    *LOFO_FIELDS,
     "description",
+]
+FIRST_TRIGGER_MIN_RUNS = 5  # the guides quote first-trigger steps over at least this many failed runs
+ALL_KINDS = "all"
+# the scorecard's scores, True where higher is better
+SCORECARD_KEYS = {"precision": True, "recall": True, "false_alarms_per_1k": False, "lead_time_median": True}
+SCORECARD_FIELDS = [
+    "rule",
+    "origin",
+    "kind",
+    "runs",
+    "evaluable",
+    *SCORECARD_KEYS,
+    "first_trigger_mean",
+    "first_trigger_std",
+    "first_trigger_runs",
+    *[f for k in SCORECARD_KEYS for f in (f"lofo_{k}", f"lofo_{k}_family")],
+    "lofo_first_trigger_mean",
+    "lofo_first_trigger_mean_family",
 ]
 
 
@@ -70,7 +117,7 @@ def kind_rows(rule_id: str, params: str, outs: dict[str, Outcome], runs: dict[st
     rows = []
     for kind in [*failure_kinds(runs), HEALTHY]:
         members = [r for r in runs.values() if (r.outcome == HEALTHY if kind == HEALTHY else r.kind == kind)]
-        o = [outs[r.run_id] for r in members if r.run_id in outs]
+        o = [outs[r.run_id] for r in members if r.run_id in outs]  # not evaluable: counted as missed
         leads = [x.lead for x in o if x.lead is not None]
         firsts = [x.first for x in o if x.failed and x.first is not None]
         steps = sum(x.neg_steps for x in o)
@@ -81,7 +128,7 @@ def kind_rows(rule_id: str, params: str, outs: dict[str, Outcome], runs: dict[st
                 "params": params,
                 "kind": kind,
                 "runs": len(members),
-                "evaluable": len(o),
+                "evaluable": sum(x.evaluable for x in o),
                 "triggered": sum(x.triggered for x in o),
                 "detected": None if healthy else sum(x.detected for x in o),
                 "trigger_rate": json_num(sum(x.triggered for x in o) / len(o)) if o else None,
@@ -114,10 +161,13 @@ def ensemble(
     members: list[tuple[Rule, dict[str, list[int]], list[str]]],
     runs: dict[str, RunInfo],
     settings: Settings,
-    recoveries: list[tuple] = (),
-) -> tuple[dict, list[dict]]:
-    """The "any of these rules" score (a rule object plus `members`) and its kind rows;
-    members are (rule point, alarms per run, evaluable runs)."""
+    recoveries: Sequence[tuple] = (),
+    fams: Families | None = None,
+) -> tuple[dict, list[dict], list[dict], dict[str, Outcome]]:
+    """The "any of these rules" score (a rule object plus `members`), its kind rows, its
+    family rows and its outcome on every labelled run (`not evaluable` where no member could
+    be evaluated); members are (rule point, alarms per run, evaluable runs). A failed run no
+    member could evaluate counts as missed."""
     ids = [m[0].id for m in members]
     rule = Rule(
         "ensemble",
@@ -128,12 +178,21 @@ def ensemble(
     alarms = merge_alarms([m[1] for m in members], settings.refractory)
     evaluable = sorted({r for m in members for r in m[2]})
     outs = outcomes(alarms, evaluable, runs, settings)
-    row = score_outcomes(rule, outs, runs, settings, alarms, recoveries)
-    return {**row, "members": ids}, kind_rows(rule.id, row["params"], outs, runs)
+    missing = not_evaluated(runs, evaluable, dict.fromkeys(runs, "no member rule could evaluate it"))
+    counted = outs | {r: o for r, o in missing.items() if o.failed}
+    fam_rows = family_rows(rule.id, rule.params_json, counted, fams or {})
+    row = score_outcomes(rule, counted, runs, settings, alarms, recoveries, True, missing, worst(fam_rows))
+    row["runs_evaluable"] = len(outs)
+    return (
+        {**row, "members": ids},
+        kind_rows(rule.id, row["params"], counted, runs),
+        fam_rows,
+        counted | missing,
+    )
 
 
 def summary_rows(results: list[dict], kinds: list[dict]) -> list[dict]:
-    """Per rule at its own parameters: the seed-style summary (see the module docstring)."""
+    """Per rule at its own parameters: the guides' table (see the module docstring)."""
     caught: dict[tuple[str, str], list[str]] = {}
     for k in kinds:
         if k["kind"] != HEALTHY and k["recall"] is not None and k["recall"] >= 0.5:
@@ -142,11 +201,46 @@ def summary_rows(results: list[dict], kinds: list[dict]) -> list[dict]:
     for r in results:
         if not r["default"]:
             continue
-        after = r["recoveries_after_alarm"] or 0
-        row = {
-            **r,
-            "recovery_success": json_num(r["recoveries_healthy"] / after) if after else None,
-            "kinds_caught": caught.get((r["rule"], r["params"]), []),
-        }
+        row = {**r, "kinds_caught": caught.get((r["rule"], r["params"]), [])}
+        for mode in ("", "_automatic", "_manual"):
+            n = r.get(f"recoveries{mode or '_after_alarm'}") or 0
+            row[f"recovery_success{mode}"] = (
+                json_num(r.get(f"recoveries{mode or ''}_healthy", 0) / n) if n else None
+            )
         out.append({k: row.get(k) for k in SUMMARY_FIELDS})
     return out
+
+
+def scorecard_rows(
+    rule: Rule, outs: dict[str, Outcome], runs: dict[str, RunInfo], fams: Families
+) -> list[dict]:
+    """One rule at its own parameters, per failure kind (and all kinds): its scores over the runs
+    of that kind and the healthy runs, in-sample and on the worst family (see the module
+    docstring); the first trigger's leave-one-family-out figure is the family mean farthest
+    from the in-sample one."""
+    healthy = {r for r, i in runs.items() if i.outcome == HEALTHY}
+    rows = []
+    for kind in [ALL_KINDS, *failure_kinds(runs)]:
+        failed = {r for r, i in runs.items() if i.outcome == "failed" and kind in (ALL_KINDS, i.kind)}
+        among = failed | healthy
+        m = metrics([outs[r] for r in sorted(among) if r in outs])
+        fr = family_rows(rule.id, rule.params_json, outs, fams, among)
+        far = [
+            (abs(f["first_trigger_mean"] - m["first_trigger_mean"]), f)
+            for f in fr
+            if f["first_trigger_mean"] is not None and m["first_trigger_mean"] is not None
+        ]
+        pick = max(far, key=lambda x: x[0])[1] if far else None
+        row = {
+            "rule": rule.id,
+            "origin": rule.origin,
+            "kind": kind,
+            "runs": len(failed),
+            "evaluable": m["evaluable_failed"],
+            **m,
+            **worst(fr, SCORECARD_KEYS),
+            "lofo_first_trigger_mean": pick["first_trigger_mean"] if pick else None,
+            "lofo_first_trigger_mean_family": f"{pick['attribute']}={pick['family']}" if pick else None,
+        }
+        rows.append({k: row.get(k) for k in SCORECARD_FIELDS})
+    return rows

@@ -1,18 +1,27 @@
-"""Convergence predictors, scored against what each run really did.
+"""Convergence predictors, scored against what each run really did, beside naive baselines.
 
-Ground truth: a run's plateau onset is the first step s after which the EMA of the loss
-(smoothing weight 0.9) improves by less than EPS (0.5 %) over the next W (100) steps; a run whose
-loss turns NaN/Inf has none.
+Ground truth (the plateau label): a run's plateau onset is the first step s after which the EMA
+of its curve improves by less than EPS (0.5 %) relative over the next W (100) steps. The curve
+is the eval loss where the run logs at least MIN_EVAL_POINTS finite eval points (EMA weight
+0.5 over its points), else the train loss (weight 0.9); a curve that turns NaN/Inf has none.
+Each predictor row says which (`criterion`, `plateaus_from_eval`).
 - `slope_rule` (the guides): |slope(loss, 20)| < 1e-4 for 10 steps and slope(grad_norm, 20) >
   -5e-4 calls "plateau within 200 steps". A call at t came true when the onset is at or before
-  t + 200; timing error = (t + 200) - onset; recall = runs with an onset that got a true call.
-- `reduce_lr_on_plateau` (baseline): the built-in Plateau detector on the train loss (patience 50).
+  t + 200; timing error = (t + 200) - onset; precision = true calls / calls; recall = runs with
+  an onset that got a true call; false_calls_per_1k = calls per 1k logged loss steps of the runs
+  that never plateau.
+- `reduce_lr_on_plateau` (baseline): the built-in Plateau detector (patience 50).
 - `curve_fit`: fits a + b·t^-c and a + b·e^(-c·t) (least squares, the better of the two) to the
   loss so far. At 10/25/50 % of each run it forecasts the final loss (mean of the last 5 % of the
-  run; the baseline forecasts the mean of the last 5 % of the history; errors are mean absolute)
-  and the plateau step (the ground-truth definition applied to the fitted curve; error in steps
-  against the onset). At CHECKPOINTS points of each run it calls "plateau within 200 steps" when
-  the forecast plateau step is at most 200 steps ahead, scored like the slope rule.
+  run; errors are mean absolute) and the plateau step (the ground-truth definition applied to
+  the fitted curve; error in steps against the onset). At CHECKPOINTS points of each run it
+  calls "plateau within 200 steps" when the forecast plateau step is at most 200 steps ahead,
+  scored like the slope rule.
+- naive baselines: `always` calls "plateau within 200 steps" at each of the CHECKPOINTS points
+  of every run (its precision is what calling blindly earns); the final loss forecast as the
+  last value (mean of the last 5 % of the history, `baseline_error_at_*`) and as the EMA of the
+  history (weight 0.9, `ema_error_at_*`). `verdict` says in words whether a predictor beats
+  them: precision above `always`'s, final-loss error below both naive forecasts' at each cut.
 - dynamic evaluation schedule, per predictor: evaluate every EVAL_EVERY steps, STRETCH times as
   far apart while the predictor says the loss has plateaued (its condition holds, or its last
   checkpoint called it). Against evaluating every EVAL_EVERY steps: the evals saved, and the
@@ -22,14 +31,20 @@ loss turns NaN/Inf has none.
 
 from __future__ import annotations
 
+import duckdb
 import numpy as np
 import polars as pl
 
 from detectors.builtins.plateaus import Plateau
 from detectors.rules import Rule
-from workbench.store import Store, reads
+from workbench.store import reads
 
 EMA_WEIGHT, EPS, W, HORIZON = 0.9, 0.005, 100, 200
+EVAL_EMA_WEIGHT, MIN_EVAL_POINTS = 0.5, 8  # eval curves are sparse: a lighter EMA over their points
+CRITERION = (
+    f"plateau onset: first step after which the EMA of the eval loss (>= {MIN_EVAL_POINTS} eval points; "
+    f"weight {EVAL_EMA_WEIGHT}) or else the train loss (weight {EMA_WEIGHT}) improves < {EPS:.1%} over the next {W} steps"
+)
 FRACTIONS = (10, 25, 50)
 CHECKPOINTS = 20  # curve-fit plateau calls per run
 EVAL_EVERY, STRETCH = 20, 4
@@ -45,6 +60,11 @@ PREDICTOR_FIELDS = [
     "plateaus",
     "recall",
     *[f"plateau_step_error_at_{f}" for f in FRACTIONS],
+    "false_calls_per_1k",
+    *[f"ema_error_at_{f}" for f in FRACTIONS],
+    "plateaus_from_eval",
+    "verdict",
+    "criterion",
 ]
 SCHEDULE_FIELDS = [
     "predictor",
@@ -66,14 +86,17 @@ PREDICTOR_RULES = {
 }
 
 
-def loss_series(store: Store, run_ids: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per run, the steps and values of its loss (the tag with the most points if several)."""
-    df = store.query(reads.metric_points("loss"))
+def loss_series(
+    con: duckdb.DuckDBPyConnection, run_ids: list[str], metric: str = "loss"
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per run, the steps and values of a metric (the tag named like it, else the one with the
+    most points), from a connection to the store."""
+    df = reads.metric_points(metric).frame(con)
     df = df.filter(pl.col("run_id").is_in(run_ids))
     best = (
         df.group_by("run_id", "tag")
         .agg(n=pl.len())
-        .sort("run_id", pl.col("tag") != "loss", -pl.col("n").cast(pl.Int64))
+        .sort("run_id", pl.col("tag") != metric, -pl.col("n").cast(pl.Int64))
         .group_by("run_id", maintain_order=True)
         .first()
     )
@@ -92,10 +115,12 @@ def ema(values: np.ndarray, weight: float = EMA_WEIGHT) -> np.ndarray:
     return out
 
 
-def plateau_onset(steps: np.ndarray, values: np.ndarray) -> int | None:
+def plateau_onset(steps: np.ndarray, values: np.ndarray, weight: float = EMA_WEIGHT) -> int | None:
+    """The ground truth's onset on one curve (see the module docstring), None when it never
+    flattens within the run or turns non-finite."""
     if len(values) < 3 or not np.isfinite(values).all():
         return None
-    e = ema(values)
+    e = ema(values, weight)
     for i in range(len(e)):
         j = np.searchsorted(steps, steps[i] + W)
         if j >= len(e):
@@ -114,8 +139,28 @@ def _intervals(replayed, run_ids: list[str]) -> dict[str, list[tuple[int, int]]]
     return out
 
 
+def plateau_labels(
+    train: dict[str, tuple[np.ndarray, np.ndarray]], evals: dict[str, tuple[np.ndarray, np.ndarray]]
+) -> tuple[dict[str, int | None], set[str]]:
+    """Per run with a train loss, its plateau onset (None: none) and the runs labelled from
+    their eval curve (see the module docstring)."""
+    onsets, from_eval = {}, set()
+    for run, (steps, values) in train.items():
+        ev = evals.get(run)
+        if ev is not None and int(np.isfinite(ev[1]).sum()) >= MIN_EVAL_POINTS:
+            onsets[run] = plateau_onset(*ev, EVAL_EMA_WEIGHT)
+            from_eval.add(run)
+        else:
+            onsets[run] = plateau_onset(steps, values)
+    return onsets, from_eval
+
+
 def _score_calls(
-    name: str, calls: dict[str, list[int]], onsets: dict[str, int | None], evaluated: list[str]
+    name: str,
+    calls: dict[str, list[int]],
+    onsets: dict[str, int | None],
+    evaluated: list[str],
+    lengths: dict[str, int] | None = None,
 ) -> dict:
     total = true = 0
     timing = []
@@ -129,7 +174,11 @@ def _score_calls(
                 called.add(run)
                 timing.append(t + HORIZON - p)
     plateaus = sum(onsets.get(r) is not None for r in evaluated)
+    flat_free = [r for r in evaluated if onsets.get(r) is None]
+    steps = sum((lengths or {}).get(r, 0) for r in flat_free)
+    false_calls = sum(len(calls.get(r, [])) for r in flat_free)
     return {
+        "false_calls_per_1k": 1000 * false_calls / steps if steps else None,
         "predictor": name,
         "calls": total,
         "calls_true": true,
@@ -189,6 +238,7 @@ def fit_curve(t: np.ndarray, y: np.ndarray, t_end: float):
             fit = min(fit, _best_c(family, x, y, fit[3] * step ** np.arange(-8, 9)))
         if best is None or fit[0] < best[0]:
             best = (*fit, family)
+    assert best is not None  # both families were fitted
     _, a, b, c, family = best
 
     def curve(steps):
@@ -217,9 +267,10 @@ def forecast_plateau(curve, t_now: float, step: float) -> int | None:
 
 def curve_fit_scores(series: dict[str, tuple[np.ndarray, np.ndarray]], onsets: dict) -> tuple[dict, dict]:
     """The curve-fit predictor's object and its plateau calls per run (call step, next checkpoint)."""
-    errs = {f: [] for f in FRACTIONS}
-    base = {f: [] for f in FRACTIONS}
-    plateau_errs = {f: [] for f in FRACTIONS}
+    errs: dict[int, list[float]] = {f: [] for f in FRACTIONS}
+    base: dict[int, list[float]] = {f: [] for f in FRACTIONS}
+    ema_base: dict[int, list[float]] = {f: [] for f in FRACTIONS}
+    plateau_errs: dict[int, list[float]] = {f: [] for f in FRACTIONS}
     calls: dict[str, list[tuple[int, int]]] = {}
     used = []
     for run, (steps, vals) in series.items():
@@ -236,6 +287,7 @@ def curve_fit_scores(series: dict[str, tuple[np.ndarray, np.ndarray]], onsets: d
             last = float(np.mean(h_y[-max(1, n // 20) :]))
             errs[f].append(abs((pred if pred is not None else last) - actual))
             base[f].append(abs(last - actual))
+            ema_base[f].append(abs(float(ema(h_y)[-1]) - actual))
             curve = fit_curve(h_t, h_y, h_t[-1])
             p, truth = (forecast_plateau(curve, h_t[-1], gap) if curve else None), onsets.get(run)
             if p is not None and truth is not None:
@@ -247,10 +299,12 @@ def curve_fit_scores(series: dict[str, tuple[np.ndarray, np.ndarray]], onsets: d
             if p is not None and p <= steps[n - 1] + HORIZON:
                 until = int(steps[cuts[i + 1] - 1]) if i + 1 < len(cuts) else int(steps[-1])
                 calls.setdefault(run, []).append((int(steps[n - 1]), until))
-    out = _score_calls("curve_fit", {r: [c for c, _ in v] for r, v in calls.items()}, onsets, used)
+    lengths = {r: len(series[r][0]) for r in used}
+    out = _score_calls("curve_fit", {r: [c for c, _ in v] for r, v in calls.items()}, onsets, used, lengths)
     for f in FRACTIONS:
         out[f"final_loss_error_at_{f}"] = float(np.mean(errs[f])) if errs[f] else None
         out[f"baseline_error_at_{f}"] = float(np.mean(base[f])) if base[f] else None
+        out[f"ema_error_at_{f}"] = float(np.mean(ema_base[f])) if ema_base[f] else None
         out[f"plateau_step_error_at_{f}"] = float(np.median(plateau_errs[f])) if plateau_errs[f] else None
     return out, calls
 
@@ -291,23 +345,72 @@ def schedule_scores(
     }
 
 
-def evaluate_predictors(store: Store, runs: dict, replayed: dict) -> tuple[list[dict], list[dict]]:
-    """The three predictor objects (every field present, null where it does not apply) and the
-    dynamic evaluation schedule each drives; `replayed` holds the replays of PREDICTOR_RULES
-    over the same runs."""
+def always_calls(series: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, list[int]]:
+    """The naive caller: "plateau within HORIZON" at each of CHECKPOINTS points of every run."""
+    out = {}
+    for run, (steps, _) in series.items():
+        if len(steps):
+            cuts = sorted({max(1, len(steps) * i // CHECKPOINTS) for i in range(2, CHECKPOINTS)})
+            out[run] = [int(steps[min(n, len(steps)) - 1]) for n in cuts]
+    return out
+
+
+def verdict(row: dict, naive_precision: float | None) -> str:
+    """Whether a predictor beats the naive baselines, in words."""
+    said = []
+    if row["predictor"] != "always":
+        if row["precision"] is None:
+            said.append("makes no plateau call")
+        elif naive_precision is not None and row["precision"] <= naive_precision:
+            said.append(
+                f"plateau calls no more precise than calling at every checkpoint "
+                f"({row['precision']:.1%} vs {naive_precision:.1%})"
+            )
+        elif naive_precision is not None:
+            said.append(
+                f"plateau calls beat calling at every checkpoint ({row['precision']:.1%} vs {naive_precision:.1%})"
+            )
+    worse = [
+        f"{f} %"
+        for f in FRACTIONS
+        if row.get(f"final_loss_error_at_{f}") is not None
+        and row[f"final_loss_error_at_{f}"] >= min(row[f"baseline_error_at_{f}"], row[f"ema_error_at_{f}"])
+    ]
+    if worse:
+        said.append("final-loss forecast no better than the naive last value or EMA at " + ", ".join(worse))
+    elif row.get(f"final_loss_error_at_{FRACTIONS[0]}") is not None:
+        said.append("final-loss forecast beats the last value and the EMA at every cut")
+    return "; ".join(said) if said else "naive baseline"
+
+
+def evaluate_predictors(
+    con: duckdb.DuckDBPyConnection, runs: dict, replayed: dict
+) -> tuple[list[dict], list[dict]]:
+    """The predictor objects (the naive `always` among them; every field present, null where it
+    does not apply) and the dynamic evaluation schedule each drives; `replayed` holds the
+    replays of PREDICTOR_RULES over the same runs."""
     run_ids = sorted(runs)
-    series = loss_series(store, run_ids)
-    onsets = {run: plateau_onset(*series[run]) for run in series}
+    series = loss_series(con, run_ids)
+    onsets, from_eval = plateau_labels(series, loss_series(con, run_ids, "eval_loss"))
     evaluated = sorted(series)
+    lengths = {r: len(series[r][0]) for r in evaluated}
     modes = {name: _intervals(replayed[name], run_ids) for name in PREDICTOR_RULES}
     fit, modes["curve_fit"] = curve_fit_scores(series, onsets)
+    naive = _score_calls("always", always_calls(series), onsets, evaluated, lengths)
     out = [
         *[
-            _score_calls(name, {r: [a for a, _ in v] for r, v in modes[name].items()}, onsets, evaluated)
+            _score_calls(
+                name, {r: [a for a, _ in v] for r, v in modes[name].items()}, onsets, evaluated, lengths
+            )
             for name in PREDICTOR_RULES
         ],
         fit,
+        naive,
     ]
+    for o in out:
+        o["verdict"] = verdict(o, naive["precision"])
+        o["criterion"] = CRITERION
+        o["plateaus_from_eval"] = sum(onsets.get(r) is not None for r in from_eval)
     spans = {r: (int(s[0]), int(s[-1])) for r, (s, _) in series.items() if len(s)}
     knees = {
         r: [

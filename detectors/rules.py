@@ -9,6 +9,7 @@ warmup = 0                                   # evaluated steps ignored at the st
 on = "eval_loss"                             # evaluate only where this series is logged (optional)
 description = "attention collapse with vanishing gradients"
 severity = "critical"
+origin = "guides"                            # where the rule comes from (default "workbench")
 [rule.params]
 threshold = 1e-5
 [rule.sweep]                                 # backtest each combination
@@ -36,13 +37,14 @@ ALLOWED_KEYS = {
     "on",
     "description",
     "severity",
+    "origin",
     "params",
     "sweep",
 }
 
 
 TIMING = {"for_steps": 1, "cooldown": 0, "warmup": 0}  # whole numbers, at least this
-TEXT = ("on", "description", "severity")
+TEXT = ("on", "description", "severity", "origin")
 MAX_SWEEP_POINTS = 1000  # combinations of one rule's sweep ...
 MAX_FILE_POINTS = 10_000  # ... and of every rule of a file: each is a replay over every run
 MAX_FILE_CHARS = 1 << 20
@@ -67,6 +69,8 @@ class Rule:
     detector: object = (
         None  # the built-in detector this rule came from (its code computes it when `when` is None)
     )
+    # who published it: olmo-core, llm-foundry, megatron, zclip, wandb, guides, lightning, workbench
+    origin: str = "workbench"
 
     def ast(self):
         """The parsed condition with parameters substituted."""
@@ -167,6 +171,7 @@ def rule_from_table(t: dict, where: str) -> Rule:
         severity=t.get("severity", "warning"),
         params=params,
         sweep=sweep,
+        origin=t.get("origin", "workbench"),
     )
     where = f"{where} ({rule.id})"
     try:
@@ -194,7 +199,7 @@ def rule_from_table(t: dict, where: str) -> Rule:
 
 
 def describe(rules: list[Rule]) -> list[dict]:
-    """One row per rule for listing: id, condition, timing, parameters, sweep, description."""
+    """One row per rule for listing: id, condition, timing, parameters, sweep, origin, description."""
     return [
         {
             "id": r.id,
@@ -203,6 +208,7 @@ def describe(rules: list[Rule]) -> list[dict]:
             "cooldown": r.cooldown,
             "params": json.dumps(r.params),
             "sweep": json.dumps(r.sweep) if r.sweep else "",
+            "origin": r.origin,
             "description": " ".join((r.description or "").split()),
         }
         for r in rules

@@ -6,16 +6,30 @@ first trigger, bootstrap intervals). See detectors/backtest.py for the definitio
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 
 from detectors.rules import Rule
 
+# the scores that get a leave-one-family-out figure (detectors.families): True where higher is better
+LOFO_KEYS = {
+    "trigger_rate_failed": True,
+    "trigger_rate_healthy": False,
+    "separation": True,
+    "recall": True,
+    "precision": True,
+    "false_alarms_per_1k": False,
+    "false_alarms_per_1k_healthy": False,
+    "lead_time_median": True,
+}
+LOFO_FIELDS = [f for k in LOFO_KEYS for f in (f"lofo_{k}", f"lofo_{k}_family")]
 RULE_FIELDS = [
     "rule",
     "params",
+    "origin",
     "runs_failed",
     "runs_healthy",
     "runs_evaluable",
@@ -29,6 +43,7 @@ RULE_FIELDS = [
     "lead_time_std",
     "first_trigger_mean",
     "first_trigger_std",
+    "first_trigger_runs",
     "never_fired",
     "recall_ci_low",
     "recall_ci_high",
@@ -48,6 +63,14 @@ RULE_FIELDS = [
     "trigger_rate_healthy_ci_low",
     "trigger_rate_healthy_ci_high",
     "false_alarms_per_1k_healthy",
+    "not_evaluable_failed",
+    "not_evaluable_healthy",
+    "recall_all",
+    "recoveries_automatic",
+    "recoveries_automatic_healthy",
+    "recoveries_manual",
+    "recoveries_manual_healthy",
+    *LOFO_FIELDS,
     "description",
 ]
 
@@ -60,6 +83,7 @@ class Settings:
     bootstrap: int = 1000
     seed: int = 0
     refractory: int = 20  # ensemble: alarms of different rules this close are one event
+    families: list[str] | None = None  # label attributes to hold families out by (None: every one)
 
 
 @dataclass
@@ -70,6 +94,7 @@ class RunInfo:
     first_step: int
     steps: np.ndarray  # the run's distinct logged steps, sorted
     kind: str | None = None  # the failure kind of a failed run (labels), else None
+    attrs: dict[str, str] = field(default_factory=dict)  # the label's attributes (its families)
 
 
 @dataclass(frozen=True)
@@ -85,12 +110,22 @@ class Outcome:
     lead: int | None = None  # onset - the first alarm in the window
     first: int | None = None  # the first alarm step (first trigger counts failed runs only)
     alarms: int = 0  # alarms after warm-up
+    evaluable: bool = True
+    reason: str | None = None  # why the rule could not be evaluated on the run
+
+    @classmethod
+    def not_evaluable(cls, failed: bool, reason: str) -> Outcome:
+        """A run the rule could not be evaluated on: it never fired there (a failed run it could
+        not see counts as missed wherever the score counts every labelled run)."""
+        return cls(failed, False, False, False, 0, 0, evaluable=False, reason=reason)
 
     @property
     def verdict(self) -> str:
         """The judgement in words: a failed run is detected, missed, late (alarms only after
         onset + horizon) or a false alarm (alarms only before onset - lead); a healthy run is
-        quiet or a false alarm."""
+        quiet or a false alarm; either is `not evaluable` where the rule could not run."""
+        if not self.evaluable:
+            return "not evaluable"
         if not self.failed:
             return "false alarm" if self.alarms else "quiet"
         if self.detected:
@@ -151,19 +186,32 @@ def outcomes(
     return {r: outcome(runs[r], alarms.get(r, []), settings) for r in evaluable if r in runs}
 
 
+def not_evaluated(
+    runs: dict[str, RunInfo], evaluable: list[str], reasons: dict[str, str] | None = None
+) -> dict[str, Outcome]:
+    """A `not evaluable` outcome for every labelled run outside `evaluable`, with its reason."""
+    ok, reasons = set(evaluable), reasons or {}
+    return {
+        r: Outcome.not_evaluable(info.outcome == "failed", reasons.get(r, "not evaluable"))
+        for r, info in runs.items()
+        if r not in ok
+    }
+
+
 def score(
     rule: Rule,
     alerts: pl.DataFrame,
     evaluable: list[str],
     runs: dict[str, RunInfo],
     settings: Settings,
-    recoveries: list[tuple] = (),
+    recoveries: Sequence[tuple] = (),
     default: bool = True,
 ) -> dict:
     """All metrics of one rule at one parameter point."""
     fired = alarms_by_run(alerts, runs, settings)
+    outs = outcomes(fired, evaluable, runs, settings)
     return score_outcomes(
-        rule, outcomes(fired, evaluable, runs, settings), runs, settings, fired, recoveries, default
+        rule, outs, runs, settings, fired, recoveries, default, not_evaluated(runs, evaluable)
     )
 
 
@@ -173,40 +221,64 @@ def score_outcomes(
     runs: dict[str, RunInfo],
     settings: Settings,
     fired: dict[str, list[int]],
-    recoveries: list[tuple] = (),
+    recoveries: Sequence[tuple] = (),
     default: bool = True,
+    missing: dict[str, Outcome] | None = None,
+    lofo: dict | None = None,
 ) -> dict:
-    """The rule object of the report from the runs' outcomes (and alarms, for recoveries)."""
-    out = {
+    """The rule object of the report from the outcomes of the runs it was evaluated on (and
+    alarms, for recoveries); `missing`: the labelled runs it could not evaluate, which
+    `recall_all` counts as missed; `lofo`: its leave-one-family-out figures."""
+    missing = missing or {}
+    n_missing = sum(o.failed for o in missing.values())
+    out: dict = {
         "rule": rule.id,
         "params": rule.params_json,
+        "origin": rule.origin,
         "runs_failed": sum(1 for r in runs.values() if r.outcome == "failed"),
         "runs_healthy": sum(1 for r in runs.values() if r.outcome == "healthy"),
         "runs_evaluable": len(outs),
         "default": default,
         "description": " ".join((rule.description or "").split()),
+        "not_evaluable_failed": n_missing,
+        "not_evaluable_healthy": sum(not o.failed for o in missing.values()),
     }
     out.update(metrics(list(outs.values())))
     out.update(intervals(list(outs.values()), settings))
-    # recovery outcomes: restarts that followed an alarm of this rule in the run they restarted
+    n_failed = sum(o.failed for o in outs.values() if o.evaluable) + n_missing
+    if n_failed:
+        out["recall_all"] = json_num(sum(o.detected for o in outs.values() if o.failed) / n_failed)
+    out.update(recovery_counts(fired, recoveries))
+    out.update(lofo or {})
+    return {k: out.get(k) for k in RULE_FIELDS}
+
+
+def recovery_counts(fired: dict[str, list[int]], recoveries: Sequence[tuple]) -> dict:
+    """Of the recoveries (parent run, step, continuation ended healthy, automatic | manual) that
+    followed an alarm in the run they recovered: how many, how many ended healthy, in all and
+    by how they were made."""
     after = [
-        healthy
-        for parent, step, healthy in recoveries
+        (healthy, mode)
+        for parent, step, healthy, mode in recoveries
         if any(a <= (step if step is not None else a) for a in fired.get(parent, []))
     ]
-    out.update(recoveries_after_alarm=len(after), recoveries_healthy=sum(after))
-    return {k: out.get(k) for k in RULE_FIELDS}
+    out = {"recoveries_after_alarm": len(after), "recoveries_healthy": sum(h for h, _ in after)}
+    for mode in ("automatic", "manual"):
+        out[f"recoveries_{mode}"] = sum(m == mode for _, m in after)
+        out[f"recoveries_{mode}_healthy"] = sum(h for h, m in after if m == mode)
+    return out
 
 
 def _count(steps: np.ndarray, lo: int, hi: int | None) -> int:
     """Logged steps in [lo, hi)."""
     a = np.searchsorted(steps, lo, "left")
     b = len(steps) if hi is None else np.searchsorted(steps, hi, "left")
-    return int(max(0, b - a))
+    return max(0, int(b) - int(a))
 
 
 def metrics(outs: list[Outcome]) -> dict:
-    """Trigger rates, recall, precision, false alarms, lead and first-trigger statistics."""
+    """Trigger rates, recall, precision, false alarms, lead and first-trigger statistics over
+    the given outcomes (a `not evaluable` one among them counts as a run that never fired)."""
     f = [o for o in outs if o.failed]
     h = [o for o in outs if not o.failed]
     tp = sum(o.detected for o in f)
@@ -222,11 +294,11 @@ def metrics(outs: list[Outcome]) -> dict:
     if f and h:  # one-sided: does the rule fire more often on failed runs than on healthy ones?
         p = fisher_greater(trig_f, len(f), trig_h, len(h))
     return {
-        "evaluable_failed": len(f),
-        "evaluable_healthy": len(h),
+        "evaluable_failed": sum(o.evaluable for o in f),
+        "evaluable_healthy": sum(o.evaluable for o in h),
         "trigger_rate_failed": json_num(tr_f),
         "trigger_rate_healthy": json_num(tr_h),
-        "separation": json_num(tr_f - tr_h) if f and h else None,
+        "separation": json_num(tr_f - tr_h) if tr_f is not None and tr_h is not None else None,
         "separation_p": json_num(p),
         "recall": json_num(tp / len(f)) if f else None,
         "precision": json_num(tp / (tp + fp)) if tp + fp else None,
@@ -241,6 +313,7 @@ def metrics(outs: list[Outcome]) -> dict:
         "lead_time_std": json_num(np.std(leads, ddof=1)) if len(leads) > 1 else None,
         "first_trigger_mean": json_num(np.mean(firsts)) if firsts else None,
         "first_trigger_std": json_num(np.std(firsts, ddof=1)) if len(firsts) > 1 else None,
+        "first_trigger_runs": len(firsts),
         "never_fired": sum(1 for o in f if o.first is None),
     }
 

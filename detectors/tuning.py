@@ -14,16 +14,33 @@ runs it was not picked on.
   the optimism: how much of the in-sample score is the threshold fitting these very runs.
 - Holdout: runs kept out of tuning altogether, scored at the in-sample pick and at the rule's
   shipped default.
+- Leave one family out (detectors.families): for each family of each attribute of the labels,
+  the pick made on the tuning runs of every other family (a group of related runs that reaches
+  into the family is held out whole) and scored on the family's runs; per score, the worst
+  family's figure (lofo_<score>, lofo_<score>_family) beside the in-sample and cross-validated
+  ones, and each family's pick and scores as rows. An attribute with one family is skipped
+  (holding it out leaves nothing to pick on).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from detectors.families import Families, worst
 from detectors.rules import Rule
-from detectors.scoring import Outcome, metrics
+from detectors.scoring import LOFO_KEYS, Outcome, metrics
 
 _KEYS = ("recall", "trigger_rate_failed", "trigger_rate_healthy", "false_alarms_per_1k")
+TUNE_FAMILY_FIELDS = [
+    "rule",
+    "attribute",
+    "family",
+    "runs",
+    "evaluable_failed",
+    "evaluable_healthy",
+    "picked_params",
+    *_KEYS,
+]
 TUNE_FIELDS = [
     "rule",
     "points",
@@ -41,6 +58,7 @@ TUNE_FIELDS = [
     "cv_trigger_rate_healthy",
     "cv_false_alarms_per_1k",
     "optimism_recall",
+    *[f for k in _KEYS for f in (f"lofo_{k}", f"lofo_{k}_family")],
     "holdout_runs",
     "holdout_recall",
     "holdout_trigger_rate_failed",
@@ -132,8 +150,12 @@ def tune_rule(
     holdout_runs: list[str],
     folds: list[list[str]],
     budget: float,
-) -> dict:
-    """One rule's tuning report; rule_points are (point, outcomes per run, is the default)."""
+    groups: list[list[str]] | None = None,
+    fams: Families | None = None,
+) -> tuple[dict, list[dict]]:
+    """One rule's tuning report and its rows per held-out family; rule_points are (point,
+    outcomes per run, is the default); `groups` of related runs stay together when a family
+    is held out."""
     outs = [o for _, o, _ in rule_points]
     default = next((i for i, (_, _, d) in enumerate(rule_points) if d), None)
     counts = _Counts(outs, tuning_runs)
@@ -170,4 +192,50 @@ def tune_rule(
                 default_holdout_trigger_rate_healthy=m["trigger_rate_healthy"],
                 default_holdout_false_alarms_per_1k=m["false_alarms_per_1k"],
             )
-    return {k: row.get(k) for k in TUNE_FIELDS}
+    fam_rows = _family_picks(
+        rule_points, counts, tuning_runs, groups or [[r] for r in tuning_runs], fams or {}, budget, default
+    )
+    row.update(worst(fam_rows, {k: LOFO_KEYS[k] for k in _KEYS}))
+    return {k: row.get(k) for k in TUNE_FIELDS}, fam_rows
+
+
+def _family_picks(
+    rule_points: list[tuple[Rule, dict[str, Outcome], bool]],
+    counts: _Counts,
+    tuning_runs: list[str],
+    groups: list[list[str]],
+    fams: Families,
+    budget: float,
+    default: int | None,
+) -> list[dict]:
+    """Per family of each attribute with more than one: the pick on the other families' runs,
+    scored on the family's (see the module docstring)."""
+    group_of = {r: g for g in groups for r in g}
+    tuning = set(tuning_runs)
+    rows = []
+    for attr, fam in fams.items():
+        if len(fam) < 2:
+            continue
+        for value, runs in fam.items():
+            members = [r for r in runs if r in tuning]
+            held = {x for r in members for x in group_of.get(r, [r])}
+            if not members or held >= tuning:
+                continue
+            i = pick(counts, ~np.isin(tuning_runs, sorted(held)), budget, default)
+            point, outs, _ = rule_points[i]
+            if not any(r in outs for r in members):
+                continue  # the rule could evaluate none of the family's runs
+            m = _scores(outs, members)
+            rows.append(
+                {
+                    "rule": point.id,
+                    "attribute": attr,
+                    "family": value,
+                    "runs": sum(r in outs for r in members),
+                    "evaluable_failed": m["evaluable_failed"],
+                    "evaluable_healthy": m["evaluable_healthy"],
+                    "picked_params": point.params_json,
+                    **{k: m[k] for k in _KEYS},
+                }
+            )
+    return rows

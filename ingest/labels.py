@@ -5,18 +5,24 @@
     onset = 424               # the step where the failure starts (failed runs)
     kind = "divergence_nan"   # optional
     note = "lr too high"      # optional
+    trainer = "hf"            # any other key with a string, number or boolean value: an
+    optimizer = "sgd"         #   attribute of the run (its family for leave-one-family-out scores)
 
 Runs are named by their folder relative to the file (as run ids are named relative to PATH).
-A malformed entry is reported with what to fix and the rest are still read.
+A malformed entry is reported with what to fix and the rest are still read; an attribute whose
+value is not a string, number or boolean (a table, a list) is left out and reported.
 """
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
 from ingest.base import Problem
 from workbench.store.schema import OUTCOMES
+
+KNOWN = ("outcome", "onset", "kind", "note")
 
 
 def read_labels_toml(path: Path) -> tuple[list[dict], list[Problem]]:
@@ -52,6 +58,11 @@ def read_labels_toml(path: Path) -> tuple[list[dict], list[Problem]]:
                 Problem(0, "bad_label", f"{where}: onset must be a step number, got {onset!r}; entry skipped")
             )
             continue
+        attrs, bad = _attributes(entry)
+        problems += [
+            Problem(0, "bad_label", f"{where}: attribute {k} must be a string, number or boolean; left out")
+            for k in bad
+        ]
         rows.append(
             {
                 "folder": name,
@@ -59,6 +70,21 @@ def read_labels_toml(path: Path) -> tuple[list[dict], list[Problem]]:
                 "onset": onset,
                 "kind": entry.get("kind"),
                 "note": entry.get("note"),
+                "attrs": json.dumps(attrs, sort_keys=True) if attrs else None,
             }
         )
     return rows, problems
+
+
+def _attributes(entry: dict) -> tuple[dict, list[str]]:
+    """The entry's keys beyond outcome, onset, kind and note whose values are scalars, and the
+    names of the others (tables, lists, dates)."""
+    attrs, bad = {}, []
+    for k, v in entry.items():
+        if k in KNOWN:
+            continue
+        if isinstance(v, str | int | float | bool):
+            attrs[k] = v
+        else:
+            bad.append(k)
+    return attrs, bad

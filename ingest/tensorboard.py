@@ -2,7 +2,7 @@
 
 Scalars in all four encodings (simple_value; a one-element `scalars` tensor with float_val,
 double_val or tensor_content), decoded in bulk by `ingest.tfevents`. Text summaries become
-`text` events, hparams become the run's config, SessionLog START/CHECKPOINT become `resume` /
+`text` events (`in_job_alert` under a tag `ALERT/...`: a training job's own alert), hparams become the run's config, SessionLog START/CHECKPOINT become `resume` /
 `checkpoint` events. Histograms, images and audio are counted, not stored. DeepSpeed's
 TensorBoard monitor logs `Train/Samples/*` against samples: those tags are put on optimizer
 steps with the run's train_batch_size (see `ingest.ds_config`).
@@ -28,9 +28,11 @@ from ingest.base import Batch, Evidence, Ingestor, Problem, ReadContext, event
 from ingest.ds_config import batch_size_of
 from ingest.framing import CRC_TABLES, GAP_PAST_END, frame_records
 from ingest.lines import is_settled
+from ingest.textlog.alerts import IN_JOB_ALERT
 from workbench.store.points import Points
 
 SAMPLES_PREFIX = "Train/Samples/"  # DeepSpeed's monitor: these tags count samples, not steps
+ALERT_PREFIX = "ALERT/"  # text summaries a training job writes when its own detector fires
 BLOCK_BYTES = 64 << 20  # bounded memory: a file is decoded this many bytes at a time
 PARALLEL_MIN_RECORDS = 20_000  # below this, a second thread costs more than it saves
 
@@ -223,10 +225,10 @@ class TensorBoardIngestor(Ingestor):
         for k in np.flatnonzero(is_text):
             i = rec[k]
             ev = _fullevent(buf, offs[i], lens[i])
-            text = _text_of(ev, tags[group[k]]) if ev else ""
-            batch.events.append(
-                event(step[i], wall[i], "text", text, {"tag": tags[group[k]]}, base + offs[i])
-            )
+            tag = tags[group[k]]
+            text = _text_of(ev, tag) if ev else ""
+            ev_kind = IN_JOB_ALERT if tag.startswith(ALERT_PREFIX) else "text"
+            batch.events.append(event(step[i], wall[i], ev_kind, text, {"tag": tag}, base + offs[i]))
         for i in np.unique(rec[is_hparams]):
             ev = _fullevent(buf, offs[i], lens[i])
             if ev is not None:

@@ -193,12 +193,15 @@ def onset_for(kind: str, run: Path, healthy_final: float = 1.0) -> int | None:
 
 
 def label_entry(spec, outcome: str, onset: int | None) -> list[str]:
-    """A run's table in labels.toml: outcome, onset and kind (the caller adds what else it knows)."""
+    """A run's table in labels.toml: outcome, onset and kind, and the attributes of its spec that
+    make its family (trainer, clipping), what leave-one-family-out scores hold out (the caller
+    adds what else it knows)."""
     lines = [f'[runs."{spec.name}"]', f'outcome = "{outcome}"']
     if onset is not None:
         lines.append(f"onset = {onset}")
     if spec.kind != "healthy":
         lines.append(f'kind = "{spec.kind}"')
+    lines.append(f'trainer = "{spec.trainer}"')
     return lines
 
 

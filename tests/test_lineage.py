@@ -154,4 +154,9 @@ def test_backtest_reports_recovery_outcomes_per_rule(samples):
             samples, [Rule("early", "loss > 0")], None, Settings(bootstrap=0), predictors=False
         ).rules
     }
-    assert (early["early"]["recoveries_after_alarm"], early["early"]["recoveries_healthy"]) == (1, 1)
+    # every recovery follows its first alarm: the restart with a changed config as a new run is
+    # manual; the two runs resumed inside themselves from an earlier checkpoint are automatic
+    e = early["early"]
+    assert (e["recoveries_after_alarm"], e["recoveries_healthy"]) == (3, 3)
+    assert (e["recoveries_manual"], e["recoveries_manual_healthy"]) == (1, 1)
+    assert (e["recoveries_automatic"], e["recoveries_automatic_healthy"]) == (2, 2)

@@ -453,6 +453,21 @@ def replay(rules_file, runs_glob, store, executor_name, address):
     help="With --tune: runs kept out of tuning, scored at the pick and at the shipped default.",
 )
 @click.option(
+    "--family",
+    "family_attrs",
+    multiple=True,
+    metavar="ATTR",
+    help="Label attribute to hold families out by (repeatable; default: every attribute the "
+    "labels carry, e.g. trainer, optimizer, size): each score's worst family is shown beside it.",
+)
+@click.option(
+    "--scorecard",
+    "with_scorecard",
+    is_flag=True,
+    help="Every rule at its own parameters per failure kind: precision, recall, FA/1k, median lead, "
+    "first trigger mean ± std, in-sample and leave one family out (--format markdown for a README).",
+)
+@click.option(
     "--out",
     "out_dir",
     default=None,
@@ -461,7 +476,14 @@ def replay(rules_file, runs_glob, store, executor_name, address):
     help="Also write backtest.json, rules.csv and rules.parquet, and the other tables as CSV there.",
 )
 @_store_option
-@_format_option
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json", "markdown"]),
+    default="table",
+    show_default=True,
+    help="table for people; csv or json (every table) for programs; markdown (with --scorecard).",
+)
 @_executor_options
 def backtest(
     rules_file,
@@ -475,6 +497,8 @@ def backtest(
     tune,
     folds,
     holdout_glob,
+    family_attrs,
+    with_scorecard,
     out_dir,
     store,
     fmt,
@@ -487,14 +511,17 @@ def backtest(
     precision, false alarms per 1k steps, lead time and first-trigger step (mean, std, never
     fired), 95 % bootstrap intervals over runs; per failure kind (the `kind` of each label), for
     the ensemble of the rules at their own parameters, and with --tune the cross-validated pick.
-    Runs need labels: a labels.toml beside them, `workbench label`, or evidence (NaN loss,
-    loss-scale floor, crash) for automatic ones. JSON holds every table.
+    Beside each score, its worst family's (leave one family out over the labels' attributes),
+    and the labelled runs each rule could not evaluate, with why. Runs need labels: a
+    labels.toml beside them, `workbench label`, or evidence (NaN loss, loss-scale floor, crash)
+    for automatic ones. JSON holds every table.
 
     \b
     Example:
       workbench backtest --summary
-      workbench backtest --runs 'tune/*' --tune --budget 0.5
+      workbench backtest --runs 'tune/*' --tune --budget 0.5 --family optimizer
       workbench backtest --tune --holdout 'holdout/*' --format json > scores.json
+      workbench backtest --scorecard --format markdown
     """
     from detectors.backtest import Settings, best_under_budget, frontier
     from detectors.backtest import backtest as run_backtest
@@ -502,7 +529,11 @@ def backtest(
 
     if (folds or holdout_glob) and not tune:
         raise click.UsageError("--folds and --holdout go with --tune")
-    settings = Settings(horizon=horizon, lead=lead, warmup=warmup, bootstrap=bootstrap)
+    if fmt == "markdown" and not with_scorecard:
+        raise click.UsageError("--format markdown goes with --scorecard")
+    settings = Settings(
+        horizon=horizon, lead=lead, warmup=warmup, bootstrap=bootstrap, families=list(family_attrs) or None
+    )
     result = run_backtest(
         _store(store),
         _load_rules(rules_file),
@@ -513,13 +544,17 @@ def backtest(
         folds=folds,
         holdout_glob=holdout_glob,
         executor=_executor(executor_name, address),
+        scorecard=with_scorecard,
     )
     if out_dir:
         result.write(out_dir)
     if fmt == "json":
         sys.stdout.write(result.to_json() + "\n")
     elif fmt == "csv":
-        sys.stdout.write(render.csv_rows(result.summary if summary else result.rules))
+        rows = result.scorecard if with_scorecard else result.summary if summary else result.rules
+        sys.stdout.write(render.csv_rows(rows))
+    elif with_scorecard:
+        render.scorecard(result, fmt)
     else:
         if summary:
             render.backtest_summary(result)

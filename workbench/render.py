@@ -113,38 +113,34 @@ def backtest_report(result, budget: float, frontier, best_under_budget) -> None:
         "rule",
         "params",
         "eval",
-        "trig fail",
-        "trig ok",
-        "recall (95% CI)",
-        "precision",
-        "FA/1k",
+        "not eval",
+        "trig fail | LOFO",
+        "trig ok | LOFO",
+        "recall (95% CI) | LOFO",
+        "precision | LOFO",
+        "FA/1k | LOFO",
         "lead med",
         "first trigger",
         "never",
         header_style="bold",
+        caption=_lofo_caption(),
     )
     for r in result.rules:
-        ci = (
-            f" ({_fmt(r['recall_ci_low'], True)}-{_fmt(r['recall_ci_high'], True)})"
-            if r["recall_ci_low"] is not None
-            else ""
-        )
-        first = (
-            "-"
-            if r["first_trigger_mean"] is None
-            else f"{r['first_trigger_mean']:.0f} ± {_fmt(r['first_trigger_std'])}"
-        )
         table.add_row(
             escape(r["rule"]),
             escape(r["params"][:40]),
             str(r["runs_evaluable"]),
-            _fmt(r["trigger_rate_failed"], True),
-            _fmt(r["trigger_rate_healthy"], True),
-            _fmt(r["recall"], True) + ci,
-            _fmt(r["precision"], True),
-            _fmt(r["false_alarms_per_1k"]),
+            _not_evaluable(r),
+            _lofo(r, "trigger_rate_failed", True),
+            _lofo(r, "trigger_rate_healthy", True),
+            _fmt(r["recall"], True)
+            + _ci(r["recall_ci_low"], r["recall_ci_high"])
+            + " | "
+            + _worst(r, "recall", True),
+            _lofo(r, "precision", True),
+            _lofo(r, "false_alarms_per_1k"),
             _fmt(r["lead_time_median"]),
-            first,
+            _first(r),
             str(r["never_fired"]),
         )
     out.print(table)
@@ -166,27 +162,99 @@ def backtest_report(result, budget: float, frontier, best_under_budget) -> None:
             + (escape(f"{best['params']} (recall {_fmt(best['recall'], True)})") if best else "none"),
             highlight=False,
         )
-    pt = Table(
-        "predictor",
-        "calls",
-        "came true",
-        "precision",
-        "timing err",
-        "final-loss err @10/25/50%",
-        "last-value err @10/25/50%",
-        header_style="bold",
+    _predictors(out, result, schedule=False)
+    closing_note(out, result)
+
+
+def _lofo_caption() -> str:
+    from detectors.families import MIN_FAMILY_RUNS
+
+    return (
+        "a | b: in-sample | leave one family out: the worst family's figure "
+        f"(among families with {MIN_FAMILY_RUNS} runs or more behind it)"
     )
-    for p in result.predictors:
-        pt.add_row(
-            p["predictor"],
-            _fmt(p["calls"]),
-            _fmt(p["calls_true"]),
-            _fmt(p["precision"], True),
-            _fmt(p["timing_error_median"]),
-            " / ".join(_fmt(p[f"final_loss_error_at_{f}"]) for f in (10, 25, 50)),
-            " / ".join(_fmt(p[f"baseline_error_at_{f}"]) for f in (10, 25, 50)),
+
+
+def _worst(r: dict, key: str, pct: bool = False) -> str:
+    """The leave-one-family-out figure of a score: the worst family's value and which family."""
+    v, fam = r.get(f"lofo_{key}"), r.get(f"lofo_{key}_family")
+    return "-" if v is None else f"{_fmt(v, pct)} ({escape(str(fam))})"
+
+
+def _lofo(r: dict, key: str, pct: bool = False) -> str:
+    return f"{_fmt(r.get(key), pct)} | {_worst(r, key, pct)}"
+
+
+def _first(r: dict) -> str:
+    """First trigger mean ± std on failed runs, and over how many when fewer than the guides' 5."""
+    from detectors.kinds import FIRST_TRIGGER_MIN_RUNS
+
+    if r["first_trigger_mean"] is None:
+        return "-"
+    n = r.get("first_trigger_runs") or 0
+    few = f" (n={n} < {FIRST_TRIGGER_MIN_RUNS})" if n < FIRST_TRIGGER_MIN_RUNS else f" (n={n})"
+    return f"{r['first_trigger_mean']:.0f} ± {_fmt(r['first_trigger_std'])}{few}"
+
+
+def _not_evaluable(r: dict) -> str:
+    nf, nh = r.get("not_evaluable_failed") or 0, r.get("not_evaluable_healthy") or 0
+    return f"{nf}f {nh}h" if nf or nh else "0"
+
+
+def closing_note(out: Console, result) -> None:
+    """What a score cannot say: the runs rules could not evaluate, the worst family, what was skipped."""
+    gone = [r for r in result.not_evaluable if r["rule"] != "ensemble"]
+    if gone:
+        reasons: dict[str, int] = {}
+        for r in gone:
+            head = r["reason"].split(":")[0]
+            reasons[head] = reasons.get(head, 0) + 1
+        out.print(
+            f"[bold]Not evaluable[/]: {len(gone)} (rule, labelled run) pairs are out of those rules' rates "
+            f"({', '.join(f'{n} {k}' for k, n in sorted(reasons.items()))}); the `not eval` column counts "
+            "them per rule (f failed, h healthy), --format json or --out lists each with its reason.",
+            highlight=False,
         )
-    out.print(pt)
+    ens_missing = [r for r in result.not_evaluable if r["rule"] == "ensemble" and r["outcome"] == "failed"]
+    if ens_missing:
+        out.print(
+            f"{len(ens_missing)} failed runs no rule could evaluate count as missed in the ensemble: "
+            + escape(", ".join(r["run_id"] for r in ens_missing)),
+            highlight=False,
+        )
+    for rule_id, why in result.skipped.items():
+        out.print(
+            f"[dim]not evaluable on any selected run:[/] {escape(rule_id)}: {escape(why)}", highlight=False
+        )
+    _families_note(out, result)
+
+
+def _families_note(out: Console, result) -> None:
+    if not result.attributes:
+        out.print(
+            'No leave-one-family-out figures: the labels carry no attributes (add e.g. trainer = "hf" '
+            'or optimizer = "sgd" to the runs in labels.toml).',
+            highlight=False,
+        )
+        return
+    e = result.ensemble
+    text = f"Leave one family out over {', '.join(map(escape, result.attributes))}"
+    if e:
+        sizes = {f"{f['attribute']}={f['family']}": f for f in result.families if f["rule"] == "ensemble"}
+
+        def named(key: str, pct: bool, runs: str) -> str:
+            fam = e.get(f"lofo_{key}_family")
+            n = sizes.get(fam, {}).get(runs) if fam else None
+            return f"{_fmt(e.get(f'lofo_{key}'), pct)} on {escape(fam or '-')} ({n} runs)" if fam else "-"
+
+        text += (
+            f"; the ensemble's worst family: recall {named('recall', True, 'evaluable_failed')} "
+            f"(in-sample {_fmt(e['recall'], True)}), healthy runs triggered "
+            f"{named('trigger_rate_healthy', True, 'evaluable_healthy')} (in-sample "
+            f"{_fmt(e['trigger_rate_healthy'], True)}), false alarms per 1k steps "
+            f"{named('false_alarms_per_1k', False, 'runs')}"
+        )
+    out.print(f"[bold]{text}[/]", highlight=False)
 
 
 def csv_rows(rows: list[dict]) -> str:
@@ -215,58 +283,128 @@ def _ensemble_line(out: Console, e: dict | None) -> None:
         f"{_fmt(e['recall'], True)}{_ci(e['recall_ci_low'], e['recall_ci_high'])}, trigger rate failed "
         f"{_fmt(e['trigger_rate_failed'], True)} vs healthy {_fmt(e['trigger_rate_healthy'], True)}, "
         f"{_fmt(e['false_alarms_per_1k_healthy'])} false alarms per 1k healthy steps "
-        f"({_fmt(e['false_alarms_per_1k'])} on all negative stretches), median lead {_fmt(e['lead_time_median'])}",
+        f"({_fmt(e['false_alarms_per_1k'])} on all negative stretches), median lead {_fmt(e['lead_time_median'])}"
+        + (
+            f"; {e['not_evaluable_failed']} failed runs no member could evaluate count as missed"
+            if e.get("not_evaluable_failed")
+            else ""
+        ),
         highlight=False,
     )
 
 
 def backtest_summary(result) -> None:
-    """The seed-style summary per rule, the rule x failure-kind matrix, the ensemble, and the
-    plateau predictors with the evaluation schedules they drive."""
+    """The guides' table per rule (the in-job detector among them), the rule x failure-kind
+    matrix, the ensemble, and the plateau predictors with the evaluation schedules they drive."""
     out = _out()
     _backtest_heading(out, "Backtest summary", result)
     table = Table(
         "rule",
+        "origin",
         "eval",
         "first trigger (failed)",
-        "trig fail (95% CI)",
-        "trig ok (95% CI)",
-        "separation",
-        "recall",
-        "FA/1k ok",
+        "trig fail (95% CI) | LOFO",
+        "trig ok (95% CI) | LOFO",
+        "separation | LOFO",
+        "recall | LOFO",
+        "FA/1k ok | LOFO",
         "lead med",
-        "recovered",
+        "recovered auto",
+        "recovered manual",
         "catches",
         header_style="bold",
+        caption=_lofo_caption() + "; recovered: continuations that ended healthy / recoveries after an alarm",
     )
     for r in result.summary:
-        first = (
-            "-"
-            if r["first_trigger_mean"] is None
-            else f"{r['first_trigger_mean']:.0f} ± {_fmt(r['first_trigger_std'])}"
-        )
-        recovered = (
-            f"{r['recoveries_healthy']}/{r['recoveries_after_alarm']}" if r["recoveries_after_alarm"] else "-"
-        )
         table.add_row(
             escape(r["rule"]),
-            str(r["runs_evaluable"]),
-            f"{first} ({r['never_fired']} never)",
+            escape(r["origin"] or ""),
+            f"{r['runs_evaluable']} ({_not_evaluable(r)} not)",
+            f"{_first(r)}, {r['never_fired']} never",
             _fmt(r["trigger_rate_failed"], True)
-            + _ci(r["trigger_rate_failed_ci_low"], r["trigger_rate_failed_ci_high"]),
+            + _ci(r["trigger_rate_failed_ci_low"], r["trigger_rate_failed_ci_high"])
+            + " | "
+            + _worst(r, "trigger_rate_failed", True),
             _fmt(r["trigger_rate_healthy"], True)
-            + _ci(r["trigger_rate_healthy_ci_low"], r["trigger_rate_healthy_ci_high"]),
-            _fmt(r["separation"], True),
-            _fmt(r["recall"], True),
-            _fmt(r["false_alarms_per_1k_healthy"]),
+            + _ci(r["trigger_rate_healthy_ci_low"], r["trigger_rate_healthy_ci_high"])
+            + " | "
+            + _worst(r, "trigger_rate_healthy", True),
+            _lofo(r, "separation", True),
+            _lofo(r, "recall", True),
+            _lofo(r, "false_alarms_per_1k_healthy"),
             _fmt(r["lead_time_median"]),
-            recovered,
+            _recovered(r, "automatic"),
+            _recovered(r, "manual"),
             escape(", ".join(r["kinds_caught"])),
         )
     out.print(table)
     _kind_matrix(out, result)
     _ensemble_line(out, result.ensemble)
     _predictors(out, result)
+    closing_note(out, result)
+
+
+def _recovered(r: dict, mode: str) -> str:
+    n = r.get(f"recoveries_{mode}") or 0
+    return f"{r[f'recoveries_{mode}_healthy']}/{n}" if n else "-"
+
+
+def scorecard(result, fmt: str = "table") -> None:
+    """Every rule at its published default, per failure kind: precision, recall, FA/1k, median
+    lead, first trigger mean ± std, in-sample | leave one family out; as a table or Markdown."""
+    header = [
+        "rule",
+        "origin",
+        "kind",
+        "failed (eval)",
+        "precision",
+        "recall",
+        "FA/1k",
+        "lead med",
+        "first trigger",
+    ]
+    rows = []
+    for r in result.scorecard:
+        if r["kind"] != "all" and not r["recall"]:
+            continue  # a kind the rule detects none of (CSV and JSON carry every row)
+        lofo_first = (
+            f" | {_fmt(r['lofo_first_trigger_mean'])} ({r['lofo_first_trigger_mean_family']})"
+            if r["lofo_first_trigger_mean"] is not None
+            else ""
+        )
+        rows.append(
+            [
+                r["rule"],
+                r["origin"] or "",
+                r["kind"],
+                f"{r['runs']} ({r['evaluable']})",
+                _plain_lofo(r, "precision", True),
+                _plain_lofo(r, "recall", True),
+                _plain_lofo(r, "false_alarms_per_1k"),
+                _plain_lofo(r, "lead_time_median"),
+                (_first(r) if r["first_trigger_mean"] is not None else "-") + lofo_first,
+            ]
+        )
+    note = (
+        f"{_lofo_caption()}; families by {', '.join(result.attributes) or 'none (no label attributes)'}; "
+        f"precision, FA/1k over the kind's failed runs and every healthy run; per rule, all kinds "
+        f"and each kind it detects; failed (eval): labelled failed runs (those it could evaluate); "
+        f"{result.runs} runs"
+    )
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+        sys.stdout.write("\n".join(lines) + f"\n\n{note}\n")
+        return
+    table = Table(*header, header_style="bold", title="detector scorecard", caption=note)
+    for row in rows:
+        table.add_row(*map(escape, row))
+    _out().print(table)
+
+
+def _plain_lofo(r: dict, key: str, pct: bool = False) -> str:
+    v, fam = r.get(f"lofo_{key}"), r.get(f"lofo_{key}_family")
+    return f"{_fmt(r.get(key), pct)} | " + ("-" if v is None else f"{_fmt(v, pct)} ({fam})")
 
 
 def _kind_matrix(out: Console, result) -> None:
@@ -293,19 +431,28 @@ def _kind_matrix(out: Console, result) -> None:
     out.print(table)
 
 
-def _predictors(out: Console, result) -> None:
+def _predictors(out: Console, result, schedule: bool = True) -> None:
+    """The plateau callers and final-loss forecasts beside the naive ones, with their verdict."""
+    if not result.predictors:
+        return
     pt = Table(
         "predictor",
         "plateau calls",
         "came true",
         "precision",
-        "plateaus found",
+        "recall (plateaus)",
+        "false calls/1k",
         "timing err",
         "plateau-step err @10/25/50%",
         "final-loss err @10/25/50%",
         "last-value err @10/25/50%",
+        "EMA err @10/25/50%",
+        "verdict",
         header_style="bold",
-        title="'plateau within 200 steps' and final-loss forecasts",
+        title="'plateau within 200 steps' and final-loss forecasts, beside naive baselines",
+        caption=escape(result.predictors[0]["criterion"])
+        + f" ({result.predictors[0]['plateaus_from_eval']} of the plateaus from eval curves); "
+        "false calls per 1k steps of runs that never plateau; always: calls at every checkpoint",
     )
     for p in result.predictors:
         found = "-" if p["recall"] is None else f"{_fmt(p['recall'], True)} of {p['plateaus']}"
@@ -315,13 +462,16 @@ def _predictors(out: Console, result) -> None:
             _fmt(p["calls_true"]),
             _fmt(p["precision"], True),
             found,
+            _fmt(p["false_calls_per_1k"]),
             _fmt(p["timing_error_median"]),
             " / ".join(_fmt(p[f"plateau_step_error_at_{f}"]) for f in (10, 25, 50)),
             " / ".join(_fmt(p[f"final_loss_error_at_{f}"]) for f in (10, 25, 50)),
             " / ".join(_fmt(p[f"baseline_error_at_{f}"]) for f in (10, 25, 50)),
+            " / ".join(_fmt(p[f"ema_error_at_{f}"]) for f in (10, 25, 50)),
+            escape(p["verdict"]),
         )
     out.print(pt)
-    if not result.schedule:
+    if not schedule or not result.schedule:
         return
     s0 = result.schedule[0]
     st = Table(
@@ -355,12 +505,15 @@ def tuning_report(result) -> None:
     t0 = result.tuning[0]
     holdout = any(t["holdout_runs"] for t in result.tuning)
     cols = ["rule", "picked", "agree", "in-sample recall / FA", "cross-val recall / FA", "optimism"]
+    cols += ["LOFO recall (worst family)", "LOFO FA/1k (worst family)"]
     if holdout:
         cols += [f"holdout ({t0['holdout_runs']} runs) picked", "holdout default"]
     table = Table(
         *cols,
         header_style="bold",
         title=f"tuning within {t0['budget']:g} FA/1k, {t0['folds']} folds",
+        caption="LOFO: picked on every other family, scored on the held-out one; the worst family"
+        + ("" if result.tuning_families else " (no label attributes with two families or more)"),
     )
     for t in result.tuning:
         row = [
@@ -370,6 +523,8 @@ def tuning_report(result) -> None:
             f"{_fmt(t['in_sample_recall'], True)} / {_fmt(t['in_sample_false_alarms_per_1k'])}",
             f"{_fmt(t['cv_recall'], True)} / {_fmt(t['cv_false_alarms_per_1k'])}",
             _fmt(t["optimism_recall"], True),
+            _worst(t, "recall", True),
+            _worst(t, "false_alarms_per_1k"),
         ]
         if holdout:
             row += [

@@ -7,7 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from ingest.lines import LineIngestor, read_head, strip_line
-from ingest.textlog import checkpoints, crashes, deepspeed, fairseq, hf_console, loguru, megatron, nanogpt
+from ingest.textlog import (
+    alerts,
+    checkpoints,
+    crashes,
+    deepspeed,
+    fairseq,
+    hf_console,
+    loguru,
+    megatron,
+    nanogpt,
+)
 from ingest.textlog.machine import Dialect, TextParser, logging_steps
 
 SNIFF_BYTES = 1 << 20  # the script dump at the top of a nanoGPT log can be long
@@ -17,6 +27,7 @@ TEXT_SUFFIXES = (".log", ".txt", ".out", ".err", ".stdout", ".stderr")
 # first that reads a line's values, notice or event takes it; see ingest/textlog/machine.py)
 DIALECTS: tuple[Dialect, ...] = (
     checkpoints.DIALECT,
+    alerts.DIALECT,
     deepspeed.DIALECT,
     megatron.DIALECT,
     nanogpt.DIALECT,

@@ -384,14 +384,37 @@ def continued_from(run_id: str) -> Query:
     )
 
 
+# a continuation ended healthy: labelled healthy, or completed without a failure after the restart
+_HEALTHY_AFTER = """coalesce(lb.outcome = 'healthy' OR (r.status IN ('completed', 'recovered')
+                    AND (lb.outcome IS DISTINCT FROM 'failed' OR lb.onset < {step})), false)"""
+
+
 def recoveries() -> Query:
-    """(parent run, step the restart was triggered or rolled back at, did the continuation end
-    healthy) of every restart of one run by another."""
-    return Query("""
-        SELECT l.parent_run, coalesce(e.step, l.parent_step), coalesce(lb.outcome = 'healthy' OR r.status = 'completed', false)
+    """(run recovered, step the recovery was triggered or rolled back to, did the continuation
+    end healthy, 'automatic' | 'manual') of every recovery the logs show.
+
+    Automatic: inside the run: it resumed from an earlier checkpoint of its own (a lineage edge
+    within the run) with its configuration unchanged, or it logged a recovery event
+    (`RECOVERY TRIGGERED`) and no restart. Manual: a restart as another run (lineage's
+    recovery and fork edges), or as a new segment with a changed configuration (lineage's
+    `changes`). Healthy: the continuation is labelled healthy, or it completed and no failure
+    of its label starts after the recovery."""
+    return Query(f"""
+        WITH rec AS (SELECT run_id, min(step) AS step FROM events WHERE kind = 'recovery' GROUP BY run_id)
+        SELECT l.parent_run, coalesce(e.step, l.parent_step) AS step,
+               {_HEALTHY_AFTER.format(step="coalesce(e.step, l.parent_step)")},
+               CASE WHEN l.child_run = l.parent_run AND l.changes IS NULL THEN 'automatic' ELSE 'manual' END
         FROM lineage l LEFT JOIN labels lb ON lb.run_id = l.child_run LEFT JOIN runs r ON r.run_id = l.child_run
-        LEFT JOIN (SELECT run_id, min(step) step FROM events WHERE kind = 'recovery' GROUP BY run_id) e ON e.run_id = l.child_run
-        WHERE l.child_run <> l.parent_run""")
+        LEFT JOIN rec e ON e.run_id = l.child_run
+        UNION ALL
+        SELECT e.run_id, e.step, {_HEALTHY_AFTER.format(step="e.step")}, 'automatic'
+        FROM rec e LEFT JOIN labels lb USING (run_id) LEFT JOIN runs r USING (run_id)
+        WHERE e.run_id NOT IN (SELECT child_run FROM lineage)""")
+
+
+def in_job_alerts() -> Query:
+    """(run_id, step) of every alert a job raised itself (`in_job_alert` events with a step)."""
+    return Query("SELECT run_id, step FROM events WHERE kind = 'in_job_alert' AND step IS NOT NULL")
 
 
 def problems(run_id: str | None = None) -> Query:

@@ -126,6 +126,7 @@ LABELS = {
     "kind": pl.String,
     "note": pl.String,
     "origin": pl.String,  # the labels.toml it came from, or "workbench label"
+    "attrs": pl.String,  # JSON object: the entry's other scalar keys (trainer, optimizer, ...), or null
 }
 OUTCOMES = ("failed", "healthy", "unknown")
 

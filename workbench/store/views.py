@@ -214,10 +214,14 @@ def view_statements(root: Path, gen: Path) -> list[str]:
                UNION ALL SELECT run_id, onset, kind, 2 FROM ev)
            QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY pref, onset NULLS LAST, kind) = 1""",
         """CREATE OR REPLACE VIEW labels AS
-           SELECT run_id, outcome, onset, kind, 'manual' AS source, note, origin FROM _labels
+           SELECT run_id, outcome, onset, kind, 'manual' AS source, note, origin, attrs FROM (
+               SELECT l.* REPLACE (
+                          -- `workbench label` keeps the attributes labels.toml gave the run
+                          coalesce(l.attrs, max(l.attrs) OVER (PARTITION BY l.run_id))::JSON AS attrs)
+               FROM _labels l)
            QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY origin = 'workbench label' DESC) = 1
            UNION ALL
-           SELECT a.run_id, a.outcome, a.onset, a.kind, 'auto', 'from evidence in the logs', NULL
+           SELECT a.run_id, a.outcome, a.onset, a.kind, 'auto', 'from evidence in the logs', NULL, NULL::JSON
            FROM _auto_labels a WHERE a.run_id NOT IN (SELECT run_id FROM _labels)""",
         """CREATE OR REPLACE VIEW _runs_base AS
            WITH pts AS (
