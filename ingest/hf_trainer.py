@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ingest.base import Batch, Evidence, Ingestor, Problem, ReadContext, event
 from ingest.jsonl import RecordsToPoints
-from ingest.lines import JsonError, read_json_file, to_float, to_step
+from ingest.lines import JsonError, log_name, read_json_file, to_float, to_step
 
 RESULTS_SUFFIX = "_results.json"
 
@@ -43,7 +43,7 @@ class HFTrainerIngestor(Ingestor):
     needs_head = True
 
     def sniff(self, path: Path, head: bytes) -> bool:
-        name = path.name
+        name = log_name(path)
         if name.endswith("trainer_state.json"):
             return b'"log_history"' in head or b"{" in head[:10]
         return name.endswith(RESULTS_SUFFIX) and head.lstrip()[:1] == b"{"
@@ -62,8 +62,8 @@ class HFTrainerIngestor(Ingestor):
             batch.problems.append(Problem(1, "bad_json", "not a JSON object; file skipped"))
             yield batch
             return
-        if path.name.endswith(RESULTS_SUFFIX):
-            split = path.name[: -len(RESULTS_SUFFIX)]
+        if log_name(path).endswith(RESULTS_SUFFIX):
+            split = log_name(path)[: -len(RESULTS_SUFFIX)]
             batch.config = {"results": {split: state}}
             batch.records = 1
             yield batch
