@@ -6,11 +6,14 @@
 `train_runtime`, `train_tokens_per_second` and `num_input_tokens_seen` into *every* train entry,
 so those keys do not mark the summary. Train, eval and predict entries become points at their
 `step` (a predict entry has none: it takes the last step logged before it); each eval entry is
-also an `eval` event; the final summary and the top-level state (best_metric,
+also an `eval` event. The final summary and the top-level state (best_metric,
 best_model_checkpoint, global_step, max_steps, logging_steps, ...) go to the run's
-configuration. NaN/Infinity are kept as written (bare JSON tokens). The file is rewritten at every save, so a changed file is
-re-read whole. A checkpoint's own trainer_state.json is a prefix of the run's and is never
-read as metrics (discovery leaves checkpoint folders alone).
+configuration, and the summary's numbers are points at its step too: TRL logs the last steps'
+`entropy`, `mean_token_accuracy` and `num_tokens` there, and a run that logs less often than it
+trains has no other `train_loss`. NaN/Infinity are kept as written (bare JSON tokens). The file
+is rewritten at every save, so a changed file is re-read whole. A checkpoint's own
+trainer_state.json is a prefix of the run's and is never read as metrics (discovery leaves
+checkpoint folders alone).
 """
 
 from __future__ import annotations
@@ -83,10 +86,9 @@ class HFTrainerIngestor(Ingestor):
             except ValueError as e:
                 batch.problems.append(Problem(i, "bad_step", f"log_history[{i}]: {e}; skipped"))
                 continue
-            if kind == "final":
+            if kind == "final":  # the run's summary, and the last logging step's other metrics
                 batch.config["trainer_summary"] = entry
-                continue
-            if step is None and kind == "predict" and last_step is not None:
+            if step is None and kind in ("predict", "final") and last_step is not None:
                 step = last_step
             if step is None:
                 batch.problems.append(Problem(i, "no_step", f"log_history[{i}] has no step; skipped"))

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from conftest import q
+from real_counts import assert_matches, expected, real_tree_store
 from real_samples import real_store, series
 
 
@@ -57,3 +58,37 @@ def test_trl_checkpoint_state_is_not_completed(store):
     assert ev.height == 14 and ev["step"].to_list() == list(range(200, 3000, 200))
     status = q(store, f"SELECT status, evidence FROM runs WHERE run_id = '{run}'").row(0)
     assert status[0] != "completed" and "2800" in status[1]
+
+
+# ---- the final log_history entry (issue #24, defect 8): tests/data/real/defects/d08_final_entry
+D08 = {
+    "trl_sft_last_entry": "defects/d08_final_entry/trl_sft_last_entry",
+    "only_final_train_loss": "defects/d08_final_entry/only_final_train_loss",
+}
+
+
+@pytest.fixture(scope="module")
+def d08(tmp_path_factory):
+    return real_tree_store(tmp_path_factory, D08)
+
+
+@pytest.mark.parametrize("run", sorted(D08))
+def test_the_final_entry_metrics_are_points_at_its_step(d08, run):
+    counts = expected(f"{D08[run]}/trainer_state.json")
+    assert_matches(d08, run, counts)  # every entry's numbers, the final summary's included
+    final = counts["_global_step"]
+    assert series(d08, run, "train_loss")["step"].to_list() == [final]
+
+
+def test_trl_last_steps_token_accuracy_is_at_the_final_step(d08):
+    acc = series(d08, "trl_sft_last_entry", "mean_token_accuracy")
+    assert acc["step"].to_list() == [5, 10, 15, 20, 23]
+    assert acc["value"][-1] == pytest.approx(0.3324652810891469)
+    assert series(d08, "trl_sft_last_entry", "num_tokens")["value"][-1] == 9200.0
+
+
+def test_a_run_whose_only_training_loss_is_the_summary_has_a_loss_point(d08):
+    rows = q(
+        d08, "SELECT tag, step, value FROM scalars WHERE run_id = 'only_final_train_loss' AND metric = 'loss'"
+    )
+    assert rows.rows() == [("train_loss", 30, pytest.approx(3.145842742919922))]
