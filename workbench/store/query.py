@@ -8,6 +8,7 @@ import tempfile
 import duckdb
 
 from workbench.errors import NotFoundError, WorkbenchError
+from workbench.store import aliases
 from workbench.store.store import Store
 
 RUNS_SQL = (
@@ -16,7 +17,8 @@ RUNS_SQL = (
 )
 TAGS_SQL = (
     "SELECT tag, metric, count(*) AS points, min(step) AS first_step, max(step) AS last_step, "
-    "count(*) FILTER (WHERE NOT isfinite(value)) AS non_finite "
+    "count(*) FILTER (WHERE NOT isfinite(value)) AS non_finite, "
+    f"{aliases.looks_like_sql('tag', 'metric')} AS looks_like "
     "FROM scalars WHERE run_id = ? GROUP BY tag, metric ORDER BY tag"
 )
 
