@@ -92,3 +92,19 @@ def test_a_run_whose_only_training_loss_is_the_summary_has_a_loss_point(d08):
         d08, "SELECT tag, step, value FROM scalars WHERE run_id = 'only_final_train_loss' AND metric = 'loss'"
     )
     assert rows.rows() == [("train_loss", 30, pytest.approx(3.145842742919922))]
+
+
+# ---- LLaMA-Factory's throughput (issue #24, defect 7): tests/data/real/defects/d07_llamafactory_throughput
+def test_llamafactory_throughput_is_tokens_per_second(tmp_path_factory):
+    d07 = real_tree_store(tmp_path_factory, {"sft": "defects/d07_llamafactory_throughput"})
+    counts = expected("defects/d07_llamafactory_throughput/trainer_log.jsonl")
+    # total_steps is progress bookkeeping the reader leaves out; every other key is a series
+    assert_matches(d07, "sft", {k: v for k, v in counts.items() if k != "total_steps"})
+    rows = q(
+        d07, "SELECT tag, metric, step, value FROM scalars WHERE run_id = 'sft' AND metric LIKE '%_per_sec'"
+    )
+    assert set(rows["tag"]) == {"throughput"} and set(rows["metric"]) == {"tokens_per_sec"}
+    assert rows.height == counts["throughput"]["points"]
+    # it is tokens seen over elapsed seconds: 1,614,784 tokens in 2:03 at step 5
+    first = rows.sort("step").row(0)
+    assert first[2:] == (5, 13061.0) and first[3] == pytest.approx(1614784 / 123, rel=0.01)

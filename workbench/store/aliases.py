@@ -37,9 +37,12 @@ BUILTIN: list[tuple[str, str]] = [
     ("loss", rf"(?:{TRAIN}_)?{KERAS}{LOSS}(?:_{TRAIN})?(?:_step)?|train_samples_train_loss"),
     ("grad_norm", rf"{OPTIM}(?:{GRAD_NORM})(?:_step)?"),
     ("lr", rf"{OPTIM}(?:epoch_)?(?:lr|learning_rate)(?:_?0|_group_?0|_pg_?0)?|train_samples_lr"),
+    # by unit: samples or tokens per second; a bare `throughput` is LLaMA-Factory's tokens per
+    # second (tokens seen / elapsed seconds), as trainer_log.jsonl writes it
+    ("samples_per_sec", rf"(?:{TRAIN}_)?(?:running_avg_)?samples_?per_?sec(?:ond)?|samples_sec(?:ond)?"),
     (
-        "samples_per_sec",
-        rf"(?:{TRAIN}_)?(?:running_avg_)?samples_?per_?sec(?:ond)?|samples_sec(?:ond)?|throughput",
+        "tokens_per_sec",
+        rf"(?:(?:{TRAIN}|throughput)_)?(?:device_)?(?:tokens?|tok)_(?:per_)?(?:sec(?:ond)?|s)|tps|throughput",
     ),
     ("memory_gb", r"memory_rss_gb|mem_gb|memory_gb"),  # the process's memory
     # the accelerator's (DeepSpeed, torch.cuda)
