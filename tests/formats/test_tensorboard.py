@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pytest
 from conftest import DATA, ingest_paths, q
+from real_counts import assert_matches, expected, real_tree_store
 from tbparse import SummaryReader
 from writers import scalar_tensor_summary, tb_native_scalars, tbx_scalars, tbx_summaries
 
@@ -251,3 +252,30 @@ def test_histograms_and_text_are_not_scalars(store, tmp_path):
     ingest_paths(store, tmp_path / "run")
     assert q(store, "SELECT tag, step, value FROM scalars").rows() == [("loss", 3, 1.5)]
     assert q(store, "SELECT step, kind, message FROM events").rows() == [(3, "text", "hello")]
+
+
+# ---- Keras' train/ and validation/ of one fit (issue #24, defect 5): Keras 3 (TF 2.21) with
+# validation data, tests/data/real/defects/d05_keras_tb_validation, counted by tbparse
+@pytest.fixture(scope="module")
+def keras_fit(tmp_path_factory):
+    return real_tree_store(tmp_path_factory, {"fit": "defects/d05_keras_tb_validation"})
+
+
+def test_keras_train_and_validation_folders_are_one_run(keras_fit):
+    assert q(keras_fit, "SELECT run_id, files FROM runs").rows() == [("fit/logs", 2)]
+    # tags keep the folder, as TensorBoard shows run/tag; counted per sub-folder by tbparse
+    assert_matches(keras_fit, "fit/logs", expected("defects/d05_keras_tb_validation/logs"))
+
+
+def test_keras_validation_loss_is_eval_loss_not_loss(keras_fit):
+    metrics = dict(q(keras_fit, "SELECT DISTINCT tag, metric FROM scalars WHERE tag LIKE '%loss%'").rows())
+    assert metrics == {
+        "train/epoch_loss": "loss",
+        "validation/epoch_loss": "eval_loss",
+        "validation/evaluation_loss_vs_iterations": "eval_loss",
+    }
+    counts = expected("defects/d05_keras_tb_validation/logs")
+    loss = q(keras_fit, "SELECT step, value FROM scalars WHERE metric = 'loss' ORDER BY step").rows()
+    assert [s for s, _ in loss] == list(range(6))
+    assert loss[-1][1] == pytest.approx(counts["train/epoch_loss"]["spot"]["5"])
+    assert counts["validation/epoch_loss"]["spot"]["5"] != counts["train/epoch_loss"]["spot"]["5"]
