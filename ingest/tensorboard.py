@@ -15,7 +15,9 @@ before it and resumes there.
 
 Keras' TensorBoard callback writes one fit into `log_dir/train/` and `log_dir/validation/`, the
 same names (`epoch_loss`) in both: the two are one run, `log_dir`, and their tags take the folder
-as a prefix (`train/epoch_loss`, `validation/epoch_loss`).
+as a prefix (`train/epoch_loss`, `validation/epoch_loss`). Its `epoch_*` series count epochs,
+its `batch_*` and `*_vs_iterations` series optimizer steps: a file holding both is reported
+(`mixed_step_axes`), once, since a metric on both axes does not line up.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class TensorBoardIngestor(Ingestor):
         """Decode `path` from byte `start` on, one Batch per block."""
         plugins = dict(ctx.plugins)
         samples = ctx.state.get("ds_samples", False)
+        axes_flagged = ctx.state.get("axes_flagged", False)
         tbs = batch_size_of(ctx.run_config)[0]
         settled = is_settled(path)
         prefix = f"{path.parent.name}/" if keras_log_dir(path.parent) else ""
@@ -109,7 +112,11 @@ class TensorBoardIngestor(Ingestor):
                     continue
                 batch = self._decode(path, buf, pos, offs, lens, int(end), gaps, plugins, prefix)
                 samples = _samples_to_steps(batch.points, tbs) or samples
-                batch.state = {"ds_samples": True} if samples else None
+                if not axes_flagged and (mixed := _mixed_step_axes(batch.points)):
+                    batch.problems.append(Problem(batch.start, "mixed_step_axes", mixed))
+                    axes_flagged = True
+                state = {"ds_samples": samples, "axes_flagged": axes_flagged}
+                batch.state = {k: True for k, v in state.items() if v} or None
                 if at_eof and end < len(buf):
                     batch.note = (
                         f"incomplete last record at byte {pos + int(end)} "
@@ -297,6 +304,27 @@ def _samples_to_steps(points: Points, tbs: int | None) -> bool:
         mask = np.isin(points.tag_code, codes)
         points.step[mask] //= tbs
     return bool(codes)
+
+
+def _mixed_step_axes(points: Points) -> str | None:
+    """Keras' epoch-indexed series next to iteration-indexed ones (steps past the epochs), in words."""
+    epochs: dict[str, int] = {}
+    iterations: dict[str, int] = {}
+    for code, tag in enumerate(points.tags):
+        name = tag.rsplit("/", 1)[-1]
+        axis = epochs if name.startswith("epoch_") else None
+        if name.startswith("batch_") or name.endswith("_vs_iterations"):
+            axis = iterations
+        steps = points.step[points.tag_code == code]
+        if axis is not None and len(steps):
+            axis[tag] = int(steps.max())
+    if not epochs or not iterations or max(iterations.values()) <= max(epochs.values()):
+        return None
+    return (
+        f"mixed step axes: {', '.join(sorted(epochs))} count epochs (to {max(epochs.values())}), "
+        f"{', '.join(sorted(iterations))} optimizer steps (to {max(iterations.values())}); "
+        "one metric on both axes does not line up"
+    )
 
 
 def _utf8(b) -> str:

@@ -279,3 +279,33 @@ def test_keras_validation_loss_is_eval_loss_not_loss(keras_fit):
     assert [s for s, _ in loss] == list(range(6))
     assert loss[-1][1] == pytest.approx(counts["train/epoch_loss"]["spot"]["5"])
     assert counts["validation/epoch_loss"]["spot"]["5"] != counts["train/epoch_loss"]["spot"]["5"]
+
+
+# ---- mixed step axes (issue #24, defect 10): Keras 3 TensorBoard(update_freq=5),
+# tests/data/real/defects/d10_keras_mixed_axes
+def test_epoch_and_iteration_indexed_series_in_one_run_are_flagged(tmp_path_factory, keras_fit):
+    store = real_tree_store(tmp_path_factory, {"fit": "defects/d10_keras_mixed_axes"})
+    counts = expected("defects/d10_keras_mixed_axes/logs")
+    assert_matches(store, "fit/logs", counts)
+    flagged = q(
+        store,
+        "SELECT regexp_extract(path, '(train|validation)/[^/]+$', 1) AS folder, message FROM problems "
+        "WHERE kind = 'mixed_step_axes' ORDER BY folder",
+    ).rows()
+    assert [folder for folder, _ in flagged] == ["train", "validation"]
+    train = flagged[0][1]
+    assert f"train/epoch_loss count epochs (to {counts['train/epoch_loss']['last_step']})" in train.replace(
+        "train/epoch_accuracy, train/epoch_learning_rate, ", ""
+    )
+    assert (
+        f"train/batch_accuracy, train/batch_loss optimizer steps (to {counts['train/batch_loss']['last_step']})"
+        in train
+    )
+    # d05's validation/ mixes them too (epoch_* and evaluation_*_vs_iterations); its train/ does not
+    d05 = q(keras_fit, "SELECT path FROM problems WHERE kind = 'mixed_step_axes'")["path"].to_list()
+    assert len(d05) == 1 and "/validation/" in d05[0]
+
+
+def test_a_keras_file_of_one_axis_is_not_flagged(store):
+    ingest_paths(store, KERAS)  # Keras 2.5, epoch_loss only
+    assert q(store, "SELECT count(*) n FROM problems")["n"][0] == 0
