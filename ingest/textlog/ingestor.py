@@ -7,7 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from ingest.lines import LineIngestor, read_head, strip_line
-from ingest.textlog import checkpoints, crashes, deepspeed, fairseq, hf_console, loguru, megatron, nanogpt
+from ingest.textlog import (
+    checkpoints,
+    crashes,
+    deepspeed,
+    fairseq,
+    hf_console,
+    llama2c,
+    loguru,
+    megatron,
+    nanogpt,
+)
 from ingest.textlog.machine import Dialect, TextParser, logging_steps
 
 SNIFF_BYTES = 1 << 20  # the script dump at the top of a nanoGPT log can be long
@@ -20,6 +30,7 @@ DIALECTS: tuple[Dialect, ...] = (
     deepspeed.DIALECT,
     megatron.DIALECT,
     nanogpt.DIALECT,
+    llama2c.DIALECT,
     fairseq.DIALECT,
     hf_console.DIALECT,
     loguru.DIALECT,

@@ -93,3 +93,26 @@ def test_karpathy_metrics(karpathy):
         "train/loss": "loss",
         "val/loss": "eval_loss",
     }
+
+
+# ---- karpathy/llama2.c train.py (nanoGPT's evaluation line, its own iteration line) ------------
+LLAMA2C = {
+    "llama2c_2023": "llama2c_console/llama2c_5b161ab_2023-07-23_console.log",
+    "llama2c_2024": "llama2c_console/llama2c_350e04fe_master_console.log",
+}
+
+
+@pytest.fixture(scope="module")
+def llama2c(tmp_path_factory):
+    return real_tree_store(tmp_path_factory, LLAMA2C)
+
+
+@pytest.mark.parametrize("run", sorted(LLAMA2C))
+def test_llama2c_lines_match_the_independent_count(llama2c, run):
+    counts = expected(LLAMA2C[run])
+    assert_matches(llama2c, run, {k: v for k, v in counts.items() if k != "mfu"}, NAMES)
+    unknown = len(re.findall(r"mfu -100\.00%", (REAL / LLAMA2C[run]).read_text()))
+    mfu = stored(llama2c, run, "mfu")
+    assert unknown > 0 and len(mfu) == counts["mfu"]["points"] - unknown
+    kinds = dict(q(llama2c, f"SELECT tag, metric FROM scalars WHERE run_id = '{run}' GROUP BY ALL").rows())
+    assert kinds["loss"] == "loss" and kinds["lr"] == "lr" and kinds["val/loss"] == "eval_loss"
