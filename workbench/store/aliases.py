@@ -34,8 +34,11 @@ BUILTIN: list[tuple[str, str]] = [
     ("loss_scale", rf"(?:(?:{TRAIN}|derived)_)?loss_scale|train_samples_loss_scale"),
     ("eval_loss", rf"{EVAL}_(?:{EVAL}_)?{KERAS}{LOSS}(?:_epoch)?|{KERAS}{LOSS}_{EVAL}(?:_epoch)?"),
     ("eval_loss", r"(?:validation_)?evaluation_loss_vs_iterations|lm_loss_validation"),
+    ("eval_loss", "tel"),  # llm.c main.log: `s:N tel:X` (test loss)
     ("loss", rf"(?:{TRAIN}_)?{KERAS}{LOSS}(?:_{TRAIN})?(?:_step)?|train_samples_train_loss"),
+    ("loss", "trl"),  # llm.c main.log: `s:N trl:X lr:Y norm:Z` (train loss)
     ("grad_norm", rf"{OPTIM}(?:{GRAD_NORM})(?:_step)?"),
+    ("grad_norm", "norm"),  # llm.c main.log
     ("lr", rf"{OPTIM}(?:epoch_)?(?:lr|learning_rate)(?:_?0|_group_?0|_pg_?0)?|train_samples_lr"),
     # by unit: samples or tokens per second; a bare `throughput` is LLaMA-Factory's tokens per
     # second (tokens seen / elapsed seconds), as trainer_log.jsonl writes it
