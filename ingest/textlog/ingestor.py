@@ -18,6 +18,7 @@ from ingest.textlog import (
     loguru,
     megatron,
     nanogpt,
+    torchtitan,
 )
 from ingest.textlog.machine import Dialect, TextParser, logging_steps
 
@@ -33,6 +34,7 @@ DIALECTS: tuple[Dialect, ...] = (
     nanogpt.DIALECT,
     llama2c.DIALECT,
     llmc.DIALECT,
+    torchtitan.DIALECT,
     fairseq.DIALECT,
     hf_console.DIALECT,
     loguru.DIALECT,

@@ -135,6 +135,7 @@ class TextParser(LineParser):
         self.kinds: dict[str, int] = {}  # records parsed, by kind (kept in the file's contents)
         self.no_step_reported = self.no_step
         self.placed = state.get("placed", 0)  # points stored from this file so far
+        self.marks: dict = state.get("marks", {})  # what a dialect keeps between lines (JSON values)
 
     def state(self) -> dict:
         return {
@@ -152,6 +153,7 @@ class TextParser(LineParser):
             "timers_counted": self.timers_counted,
             "placed": self.placed,
             "first_wall": self.first_wall,
+            "marks": self.marks,
         }
 
     # ---- placing values and events ---------------------------------------------------------
@@ -171,6 +173,13 @@ class TextParser(LineParser):
         e = event(step, self.wall, kind, message, attrs or {}, self.line)
         self.events.append(e)
         return e
+
+    def line_wall(self, wall: float | None) -> None:
+        """The wall time of the line being read, from a timestamp a dialect found inside it."""
+        if wall is not None:
+            self.wall = wall
+            if self.first_wall is None:
+                self.first_wall = wall
 
     def wait_for_step(self, message: str, attrs: dict) -> None:
         """A notice of the step in progress: it is placed when the next line states a step."""
