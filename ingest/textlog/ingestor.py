@@ -18,6 +18,7 @@ from ingest.textlog import (
     loguru,
     megatron,
     nanogpt,
+    olmo,
     torchtitan,
 )
 from ingest.textlog.machine import Dialect, TextParser, logging_steps
@@ -35,6 +36,7 @@ DIALECTS: tuple[Dialect, ...] = (
     llama2c.DIALECT,
     llmc.DIALECT,
     torchtitan.DIALECT,
+    olmo.DIALECT,
     fairseq.DIALECT,
     hf_console.DIALECT,
     loguru.DIALECT,
