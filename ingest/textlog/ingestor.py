@@ -19,6 +19,7 @@ from ingest.textlog import (
     megatron,
     nanogpt,
     olmo,
+    progress,
     torchtitan,
 )
 from ingest.textlog.machine import Dialect, TextParser, logging_steps
@@ -41,6 +42,7 @@ DIALECTS: tuple[Dialect, ...] = (
     hf_console.DIALECT,
     loguru.DIALECT,
     crashes.DIALECT,
+    progress.DIALECT,  # the fallback for generic progress lines: last
 )
 SNIFF = tuple(p for d in DIALECTS for p in d.sniff)
 
