@@ -92,6 +92,6 @@ def _cells(p: TextParser, cells: str, split: str) -> None:
 DIALECT = Dialect(
     "fairseq",
     sniff=(LINE, OLD_INNER, OLD_EPOCH),
-    triggers=(r" \| ", r"^\| epoch "),
+    triggers=(r" \| ", r"\| epoch "),
     values=values,
 )

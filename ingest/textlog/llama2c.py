@@ -27,4 +27,4 @@ def values(p: TextParser, line: str) -> str | None:
     return "llama2c_iter"
 
 
-DIALECT = Dialect("llama2c", sniff=(ITER,), triggers=(r" \| loss ",), values=values)
+DIALECT = Dialect("llama2c", sniff=(ITER,), triggers=(r" \| ",), values=values)

@@ -27,4 +27,4 @@ def values(p: TextParser, line: str) -> str | None:
     return f"llmc_{m['key']}"
 
 
-DIALECT = Dialect("llmc", sniff=(LINE,), triggers=("^s:",), values=values)
+DIALECT = Dialect("llmc", sniff=(LINE,), triggers=(" trl:", " tel:", " eval:"), values=values)

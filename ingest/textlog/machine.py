@@ -49,7 +49,9 @@ class Dialect:
 
     `sniff`: patterns one of which some line near the top of its files matches (the text-log
     reader claims such a file). `triggers`: regex alternatives one of which every line it reads
-    contains (a line with none of any dialect's is skipped in one search). The handlers get the
+    contains (a line with none of any dialect's is skipped in one search; keep them literal
+    words: one anchored or patterned alternative makes that search of every line slower). A
+    line shaped like no word at all (indented metrics) is a `block`. The handlers get the
     parser and the cleaned line: `values` reads logged values (most state a step), `notice` a
     line that waits for the step in progress, `event` a line about the run (a checkpoint, a
     crash, its configuration); `block` continues a multi-line block the dialect opened and

@@ -50,4 +50,4 @@ def values(p: TextParser, line: str) -> str | None:
     return None
 
 
-DIALECT = Dialect("nanogpt", sniff=(STEP, ITER, EVAL), triggers=("step", "iter "), values=values)
+DIALECT = Dialect("nanogpt", sniff=(STEP, ITER, EVAL), triggers=("step", "iter"), values=values)

@@ -8,7 +8,7 @@
 (since mid-2024: `2024-08-06 09:59:26.181 host:0  olmo.train:908  INFO    [step=1/739328,epoch=0]`).
 The names are the series (`train/CrossEntropyLoss`, `optim/total_grad_norm`, ...; thousands
 separators dropped), at the header's step and wall time. Metric lines count only after an
-OLMo header (an indented `a=b` elsewhere is no metric). A killed run ends in a traceback
+OLMo header (an indented `a=b` elsewhere is no metric), read as a block (no trigger word). A killed run ends in a traceback
 (`crashes.py`).
 """
 
@@ -29,13 +29,18 @@ def values(p: TextParser, line: str) -> str | None:
         p.at_step(int(m["step"]))
         p.marks["olmo_wall"] = p.wall if math.isfinite(p.wall) else None  # the header's time, if any
         return "olmo_step"
-    if "olmo_wall" in p.marks and line[:1] in " \t" and (m := METRIC.match(line)):
-        wall = p.marks["olmo_wall"]
-        p.point(
-            m["name"].strip(), float(m["val"].replace(",", "")), wall=float("nan") if wall is None else wall
-        )
-        return "olmo_metric"
     return None
 
 
-DIALECT = Dialect("olmo", sniff=(HEADER,), triggers=("olmo\\.train", "="), values=values)
+def metric_line(p: TextParser, line: str) -> bool:
+    """The metrics under a header, a block of their own (offered every line before any dialect)."""
+    if "olmo_wall" not in p.marks or line[:1] not in " \t" or not (m := METRIC.match(line)):
+        return False
+    wall = p.marks["olmo_wall"]
+    p.point(m["name"].strip(), float(m["val"].replace(",", "")), wall=math.nan if wall is None else wall)
+    p.records += 1
+    p.kinds["olmo_metric"] = p.kinds.get("olmo_metric", 0) + 1
+    return True
+
+
+DIALECT = Dialect("olmo", sniff=(HEADER,), triggers=("olmo\\.train",), values=values, block=metric_line)

@@ -19,14 +19,15 @@ import re
 from ingest.lines import NUM
 from ingest.textlog.machine import Dialect, TextParser
 
-STEP_KEYS = ("step", "global_step", "iteration", "iter", "it", "batch", "update", "num_updates")
+STEP_KEYS = ("step", "global_step", "iteration", "iter", "batch", "update", "num_updates")
 SEP = r"(?:\s*[:=]\s*|\s+)"
 PAIR = re.compile(
     rf"(?<![\w/.-])(?P<key>[A-Za-z_][\w./-]*?){SEP}(?P<val>{NUM})(?P<unit>[A-Za-z%]*)(?:\s*/\s*\d+)?"
 )
 GAP = re.compile(r"[\s|,;]*")  # what may stand between two pairs, and after the last
 STEP_PAIR = rf"(?<![\w/.-])(?:{'|'.join(STEP_KEYS)}){SEP}\d+(?:\s*/\s*\d+)?"
-SNIFF = re.compile(rf"{STEP_PAIR}[\s|,;]+[A-Za-z_][\w./-]*{SEP}{NUM}")
+SNIFF = re.compile(rf"{STEP_PAIR}[\s|,;]+[A-Za-z_][\w./-]*{SEP}{NUM}")  # a step, then a value
+HAS_STEP = re.compile(r"(?:step|iter|batch|update)[a-z_]*[\s:=]+\d")  # wider than STEP_PAIR, and fast
 
 
 def pairs(line: str) -> list[re.Match]:
@@ -43,6 +44,8 @@ def pairs(line: str) -> list[re.Match]:
 
 
 def values(p: TextParser, line: str) -> str | None:
+    if not HAS_STEP.search(line):
+        return None
     run = pairs(line)
     steps = [m for m in run if m["key"] in STEP_KEYS and m["val"].isdigit()]
     if not steps or len(run) < 2:
@@ -55,4 +58,5 @@ def values(p: TextParser, line: str) -> str | None:
     return "progress_line"
 
 
-DIALECT = Dialect("progress", sniff=(SNIFF,), triggers=(f"(?:{'|'.join(STEP_KEYS)})",), values=values)
+# words, not a pattern: every line is searched for the triggers of all dialects at once
+DIALECT = Dialect("progress", sniff=(SNIFF,), triggers=("step", "iter", "batch", "update"), values=values)
