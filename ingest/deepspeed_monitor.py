@@ -16,7 +16,7 @@ import numpy as np
 
 from ingest.base import Batch, Problem, ReadContext
 from ingest.ds_config import batch_size_of
-from ingest.lines import LineIngestor, LineParser, csv_numbers, to_float, whole_steps
+from ingest.lines import LineIngestor, LineParser, csv_numbers, log_name, to_float, whole_steps
 from workbench.store.points import Points
 
 EVENT_PREFIXES = {"Train_Samples_": "Train/Samples/", "Train_Eigenvalues_": "Train/Eigenvalues/"}
@@ -92,7 +92,7 @@ class DeepSpeedMonitorCsvIngestor(LineIngestor):
         return str(batch_size_of(run_config)[0])
 
     def sniff(self, path: Path, head: bytes) -> bool:
-        if not path.name.endswith(".csv"):
+        if not log_name(path).endswith(".csv"):
             return False
         first = head.split(b"\n", 1)[0].strip().split(b",")
         return len(first) == 2 and first[0] == b"step" and bool(first[1])

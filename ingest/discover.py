@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ingest.base import Ingestor
-from ingest.lines import BOM, gz_damage, is_gz
+from ingest.lines import BOM, gz_damage, is_gz, read_head
 from workbench.store.layout import is_store
 
 CONTAINER_DIRS = {
@@ -69,10 +69,13 @@ def _sniff(path: Path, ingestors: list[Ingestor]) -> str | None:
     head = b""
     for ing in ingestors:
         if ing.needs_head and not head:
-            # O_NONBLOCK: a file swapped for a FIFO since it was looked at must not hang the ingest
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-            with os.fdopen(fd, "rb") as f:
-                head = f.read(HEAD_BYTES).removeprefix(BOM)  # a sniffer sees what the reader will
+            if is_gz(path):  # a sniffer sees what the reader will: the decompressed text
+                head = read_head(path, HEAD_BYTES).removeprefix(BOM)
+            else:
+                # O_NONBLOCK: a file swapped for a FIFO since it was looked at must not hang the ingest
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                with os.fdopen(fd, "rb") as f:
+                    head = f.read(HEAD_BYTES).removeprefix(BOM)  # a sniffer sees what the reader will
         if ing.sniff(path, head):
             return ing.name
     return None

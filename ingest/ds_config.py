@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ingest.base import Batch, Ingestor, Problem, ReadContext
-from ingest.lines import JsonError, read_json_file, to_float
+from ingest.lines import JsonError, log_name, read_json_file, to_float
 
 CONFIG_KEYS = (b'"train_batch_size"', b'"train_micro_batch_size_per_gpu"', b'"zero_optimization"', b'"fp16"')
 # Samples per optimizer step no job reaches (2^40), and that would overflow the int64 step axis.
@@ -59,7 +59,7 @@ class DeepSpeedConfigIngestor(Ingestor):
     is_config = True
 
     def sniff(self, path: Path, head: bytes) -> bool:
-        if not path.name.endswith(".json"):
+        if not log_name(path).endswith(".json"):
             return False
         return head.lstrip()[:1] == b"{" and (
             "ds_config" in path.name or sum(k in head for k in CONFIG_KEYS) >= 2

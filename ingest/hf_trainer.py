@@ -6,11 +6,17 @@
 `train_runtime`, `train_tokens_per_second` and `num_input_tokens_seen` into *every* train entry,
 so those keys do not mark the summary. Train, eval and predict entries become points at their
 `step` (a predict entry has none: it takes the last step logged before it); each eval entry is
-also an `eval` event; the final summary and the top-level state (best_metric,
+also an `eval` event. The final summary and the top-level state (best_metric,
 best_model_checkpoint, global_step, max_steps, logging_steps, ...) go to the run's
-configuration. NaN/Infinity are kept as written (bare JSON tokens). The file is rewritten at every save, so a changed file is
-re-read whole. A checkpoint's own trainer_state.json is a prefix of the run's and is never
-read as metrics (discovery leaves checkpoint folders alone).
+configuration, and the summary's numbers are points at its step too: TRL logs the last steps'
+`entropy`, `mean_token_accuracy` and `num_tokens` there. Its aggregates over the whole run
+(`train_loss` is the mean training loss, `train_runtime`, `train_samples_per_second`, ...) are
+stored as `summary/<key>`, so that they never sit beside the last logged loss as a second value
+of the same metric at one step; only a run that logged no `loss` at all keeps `train_loss` (its
+one training-loss point). NaN/Infinity are kept as written (bare JSON tokens). The file
+is rewritten at every save, so a changed file is re-read whole. A checkpoint's own
+trainer_state.json is a prefix of the run's and is never read as metrics (discovery leaves
+checkpoint folders alone).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from pathlib import Path
 
 from ingest.base import Batch, Evidence, Ingestor, Problem, ReadContext, event
 from ingest.jsonl import RecordsToPoints
-from ingest.lines import JsonError, read_json_file, to_float, to_step
+from ingest.lines import JsonError, log_name, read_json_file, to_float, to_step
 
 RESULTS_SUFFIX = "_results.json"
 
@@ -37,13 +43,27 @@ def classify(entry: dict) -> str:
     return "other"
 
 
+# The final summary's aggregates over the whole run, not values of its last step.
+SUMMARY_KEYS = frozenset(
+    ("train_loss", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+    + ("train_tokens_per_second", "total_flos")
+)
+
+
+def summary_points(entry: dict, logged_loss: bool) -> dict:
+    """The final entry with its aggregates renamed `summary/<key>` (`train_loss` kept when the
+    run logged no other training loss)."""
+    keep = set() if logged_loss else {"train_loss"}
+    return {(f"summary/{k}" if k in SUMMARY_KEYS and k not in keep else k): v for k, v in entry.items()}
+
+
 class HFTrainerIngestor(Ingestor):
     name = "hf_trainer"
     precedence = 10
     needs_head = True
 
     def sniff(self, path: Path, head: bytes) -> bool:
-        name = path.name
+        name = log_name(path)
         if name.endswith("trainer_state.json"):
             return b'"log_history"' in head or b"{" in head[:10]
         return name.endswith(RESULTS_SUFFIX) and head.lstrip()[:1] == b"{"
@@ -62,15 +82,15 @@ class HFTrainerIngestor(Ingestor):
             batch.problems.append(Problem(1, "bad_json", "not a JSON object; file skipped"))
             yield batch
             return
-        if path.name.endswith(RESULTS_SUFFIX):
-            split = path.name[: -len(RESULTS_SUFFIX)]
+        if log_name(path).endswith(RESULTS_SUFFIX):
+            split = log_name(path)[: -len(RESULTS_SUFFIX)]
             batch.config = {"results": {split: state}}
             batch.records = 1
             yield batch
             return
         conv = RecordsToPoints({})
         kinds = {"train": 0, "eval": 0, "predict": 0, "final": 0, "other": 0}
-        last_step = None
+        last_step, logged_loss = None, False
         for i, entry in enumerate(state.get("log_history") or []):
             if not isinstance(entry, dict):
                 batch.problems.append(Problem(i, "bad_entry", f"log_history[{i}] is not an object; skipped"))
@@ -83,10 +103,11 @@ class HFTrainerIngestor(Ingestor):
             except ValueError as e:
                 batch.problems.append(Problem(i, "bad_step", f"log_history[{i}]: {e}; skipped"))
                 continue
-            if kind == "final":
+            if kind == "final":  # the run's summary, and the last logging step's other metrics
                 batch.config["trainer_summary"] = entry
-                continue
-            if step is None and kind == "predict" and last_step is not None:
+                entry = summary_points(entry, logged_loss)
+            logged_loss = logged_loss or (kind == "train" and "loss" in entry)
+            if step is None and kind in ("predict", "final") and last_step is not None:
                 step = last_step
             if step is None:
                 batch.problems.append(Problem(i, "no_step", f"log_history[{i}] has no step; skipped"))

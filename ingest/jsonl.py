@@ -1,6 +1,7 @@
 """JSON Lines metric logs (and JSON arrays of records).
 
-One object per line: the step comes from the first key found in STEP_KEYS, nested objects are
+One object per line: the step comes from the first key found in STEP_KEYS (the file's note
+names it when it is not `step`), nested objects are
 flattened with `/`, numbers given as strings ("0.00", "100%") are numbers, bare NaN/Infinity are
 kept. Covers plain PyTorch loops, LLaMA-Factory's `trainer_log.jsonl` (`current_steps`), old
 fairseq `--log-format json` lines (`num_updates`; validation records carry no step and take
@@ -40,6 +41,7 @@ STEP_KEYS = (
     "global_step",
     "iteration",
     "iter",
+    "it",
     "_step",
     "num_updates",
     "current_steps",
@@ -47,6 +49,7 @@ STEP_KEYS = (
     "update",
     "updates",
     "train/step",
+    "batch",  # last: Keras counts batches within an epoch; custom loops log a global batch count
 )
 TIME_KEYS = ("wall_time", "_timestamp", "timestamp", "time")
 NOT_METRICS = {"total_steps"}  # progress bookkeeping that would only clutter the tag list
@@ -89,6 +92,7 @@ class RecordsToPoints:
     def __init__(self, state: dict):
         self.last_step = state.get("last_step")
         self.no_step = state.get("no_step", 0)
+        self.step_keys: list[str] = state.get("step_keys", [])  # the keys steps were taken from
         self.builder = PointsBuilder()
 
     def add(self, record: dict, step=None, wall=None, skip=()) -> bool:
@@ -103,6 +107,7 @@ class RecordsToPoints:
                     continue
                 if step is not None:
                     skip = (*skip, k)
+                    self.took(k)
                     break
         if step is None and bad is not None:
             raise bad
@@ -122,20 +127,35 @@ class RecordsToPoints:
             self.builder.add(key, step, x, np.nan if wall is None else wall)
         return True
 
+    def took(self, key: str) -> None:
+        if key not in self.step_keys:
+            self.step_keys.append(key)
+
     def points(self) -> Points:
         return self.builder.take()
 
+    def note(self) -> str | None:
+        """Which keys gave the steps (when not `step`), and what had no step."""
+        notes = []
+        if self.step_keys and self.step_keys != ["step"]:
+            notes.append("step from " + ", ".join(f"`{k}`" for k in self.step_keys))
+        if self.no_step:
+            notes.append(
+                f"{self.no_step} records before the first step were skipped (no step to place them at)"
+            )
+        return "; ".join(notes) or None
+
     def state(self) -> dict:
-        return {"last_step": self.last_step, "no_step": self.no_step}
+        return {"last_step": self.last_step, "no_step": self.no_step, "step_keys": self.step_keys}
 
 
 _DIGITS = r"(?i)[0-9]|nan|inf"  # a string that may be a number as `to_float` reads it
 
 
-def block_points(lines: list) -> tuple[Points, int] | None:
+def block_points(lines: list) -> tuple[Points, int, str] | None:
     """A block of flat JSON records with an integer step in every record, read at once with
-    pyarrow: its points (in logged order, as `RecordsToPoints.add` would give them) and its last
-    step; None for a block this cannot take as the line path would (nested objects, numbers in
+    pyarrow: its points (in logged order, as `RecordsToPoints.add` would give them), its last
+    step and the key the steps came from; None for a block this cannot take as the line path would (nested objects, numbers in
     strings, bare NaN, a record without a step, anything not JSON), read line by line instead."""
     if len(lines) < FAST_MIN_LINES or not all(type(t) is str for t in lines):
         return None
@@ -187,16 +207,20 @@ def block_points(lines: list) -> tuple[Points, int] | None:
         unset &= ~take
     step = df[step_key].cast(pl.Int64).to_numpy()
     if not names:
-        return Points.empty(), int(step[-1])
+        return Points.empty(), int(step[-1]), step_key
     m = len(names)
     mask = np.stack(valid, axis=1).ravel()  # record-major: the order the records logged them
-    return Points(
-        names,
-        np.tile(np.arange(m, dtype=np.int32), n)[mask],
-        np.repeat(step, m)[mask],
-        np.repeat(wall, m)[mask],
-        np.stack(cols, axis=1).ravel()[mask],
-    ), int(step[-1])
+    return (
+        Points(
+            names,
+            np.tile(np.arange(m, dtype=np.int32), n)[mask],
+            np.repeat(step, m)[mask],
+            np.repeat(wall, m)[mask],
+            np.stack(cols, axis=1).ravel()[mask],
+        ),
+        int(step[-1]),
+        step_key,
+    )
 
 
 class _JsonLinesParser(LineParser):
@@ -209,9 +233,10 @@ class _JsonLinesParser(LineParser):
         got = block_points(lines)
         if got is None:
             return False
-        points, last = got
+        points, last, key = got
         self.fast.append(points)
         self.conv.last_step = last
+        self.conv.took(key)
         batch.records += sum(1 for t in lines if t.strip())
         return True
 
@@ -235,10 +260,7 @@ class _JsonLinesParser(LineParser):
     def end_block(self, batch: Batch, last: bool) -> None:
         batch.points = Points.concat([*self.fast, self.conv.points()]) if self.fast else self.conv.points()
         self.fast = []
-        if self.conv.no_step:
-            batch.note = (
-                f"{self.conv.no_step} records before the first step were skipped (no step to place them at)"
-            )
+        batch.note = self.conv.note()
 
     def state(self) -> dict:
         return {**self.conv.state(), "line": self.line}
@@ -296,4 +318,5 @@ class JsonLinesIngestor(LineIngestor):
                 except ValueError as e:
                     batch.problems.append(Problem(0, "bad_record", f"record [{i}]: {e}; skipped"))
         batch.points = conv.points()
+        batch.note = conv.note()
         yield batch

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from ingest.base import Batch, Problem, ReadContext, event
-from ingest.lines import LineIngestor, LineParser, csv_numbers, row_points, to_float, whole_steps
+from ingest.lines import LineIngestor, LineParser, csv_numbers, log_name, row_points, to_float, whole_steps
 from workbench.store.points import Points, PointsBuilder
 
-SUFFIXES = (".csv", ".log", ".txt", ".csv.gz", ".log.gz")
+SUFFIXES = (".csv", ".log", ".txt")
 
 
 class _CsvLoggerParser(LineParser):
@@ -114,7 +114,7 @@ class KerasCsvLoggerIngestor(LineIngestor):
     parser = _CsvLoggerParser
 
     def sniff(self, path: Path, head: bytes) -> bool:
-        if not path.name.lower().endswith(SUFFIXES):
+        if not log_name(path).lower().endswith(SUFFIXES):
             return False
         lines = head.decode("utf-8", errors="replace").splitlines()
         if len(lines) < 2:

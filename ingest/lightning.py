@@ -12,7 +12,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ingest.base import Batch, Ingestor, Problem, ReadContext
-from ingest.lines import LineIngestor, LineParser, csv_numbers, flat_yaml, row_points, to_float, whole_steps
+from ingest.lines import (
+    LineIngestor,
+    LineParser,
+    csv_numbers,
+    flat_yaml,
+    log_name,
+    row_points,
+    to_float,
+    whole_steps,
+)
 from workbench.store.points import Points, PointsBuilder
 
 
@@ -80,7 +89,7 @@ class LightningCsvIngestor(LineIngestor):
     parser = _CsvParser
 
     def sniff(self, path: Path, head: bytes) -> bool:
-        if not path.name.endswith(".csv"):
+        if not log_name(path).endswith(".csv"):
             return False
         cols = head.split(b"\n", 1)[0].strip().split(b",")
         return b"step" in cols and len(cols) > 2

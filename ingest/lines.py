@@ -87,6 +87,11 @@ def is_gz(path: Path) -> bool:
     return path.name.endswith(".gz")
 
 
+def log_name(path: Path) -> str:
+    """The file's name as its format names it: a `.gz` archive of `trainer_state.json` is one."""
+    return path.name.removesuffix(".gz")
+
+
 GZ_ERRORS = (OSError, EOFError, zlib.error)  # bad header, truncated stream, corrupt data
 
 

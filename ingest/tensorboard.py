@@ -12,6 +12,12 @@ field is resynchronised on the next whole valid record, and so is a length runni
 of the file when valid records follow it or the file has stopped growing; all are reported with
 byte offsets. An incomplete last record of a growing file is an unfinished write: reading stops
 before it and resumes there.
+
+Keras' TensorBoard callback writes one fit into `log_dir/train/` and `log_dir/validation/`, the
+same names (`epoch_loss`) in both: the two are one run, `log_dir`, and their tags take the folder
+as a prefix (`train/epoch_loss`, `validation/epoch_loss`). Its `epoch_*` series count epochs,
+its `batch_*` and `*_vs_iterations` series optimizer steps: a file holding both is reported
+(`mixed_step_axes`), once, since a metric on both axes does not line up.
 """
 
 from __future__ import annotations
@@ -39,6 +45,33 @@ PARALLEL_MIN_RECORDS = 20_000  # below this, a second thread costs more than it 
 _SESSION_STATUS = {1: "START", 2: "STOP", 3: "CHECKPOINT"}
 _HPARAMS_END_STATUS = {0: "UNKNOWN", 1: "SUCCESS", 2: "FAILURE", 3: "RUNNING"}
 _END_STATUS = {"SUCCESS": "completed", "FAILURE": "crashed"}  # the run's status they are evidence of
+KERAS_SPLITS = ("train", "validation")
+
+
+def keras_log_dir(folder: Path) -> Path | None:
+    """The `log_dir` of a Keras fit when `folder` is its `train/` or `validation/`: a folder
+    whose only sub-folders with event files are `train/` and maybe `validation/` (a lone `train/`
+    only with TF2's `.v2` files: other tools name a run `train` too)."""
+    if folder.name not in KERAS_SPLITS:
+        return None
+    parent = folder.parent
+    try:
+        splits = {d.name: _event_files(d) for d in parent.iterdir() if d.is_dir()}
+    except OSError:
+        return None
+    splits = {name: files for name, files in splits.items() if files}
+    if "train" not in splits or not set(splits) <= set(KERAS_SPLITS):
+        return None
+    if "validation" in splits or any(f.endswith(".v2") for f in splits["train"]):
+        return parent
+    return None
+
+
+def _event_files(folder: Path) -> list[str]:
+    try:
+        return [f.name for f in folder.iterdir() if "tfevents" in f.name and f.is_file()]
+    except OSError:
+        return []
 
 
 class TensorBoardIngestor(Ingestor):
@@ -59,8 +92,10 @@ class TensorBoardIngestor(Ingestor):
         """Decode `path` from byte `start` on, one Batch per block."""
         plugins = dict(ctx.plugins)
         samples = ctx.state.get("ds_samples", False)
+        axes_flagged = ctx.state.get("axes_flagged", False)
         tbs = batch_size_of(ctx.run_config)[0]
         settled = is_settled(path)
+        prefix = f"{path.parent.name}/" if keras_log_dir(path.parent) else ""
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             pos = start
@@ -77,9 +112,13 @@ class TensorBoardIngestor(Ingestor):
                 if len(offs) == 0 and len(gaps) == 0 and not at_eof:
                     block *= 2  # one record larger than a block: read more
                     continue
-                batch = self._decode(path, buf, pos, offs, lens, int(end), gaps, plugins)
+                batch = self._decode(path, buf, pos, offs, lens, int(end), gaps, plugins, prefix)
                 samples = _samples_to_steps(batch.points, tbs) or samples
-                batch.state = {"ds_samples": True} if samples else None
+                if not axes_flagged and (mixed := _mixed_step_axes(batch.points)):
+                    batch.problems.append(Problem(batch.start, "mixed_step_axes", mixed))
+                    axes_flagged = True
+                state = {"ds_samples": samples, "axes_flagged": axes_flagged}
+                batch.state = {k: True for k, v in state.items() if v} or None
                 if at_eof and end < len(buf):
                     batch.note = (
                         f"incomplete last record at byte {pos + int(end)} "
@@ -94,8 +133,11 @@ class TensorBoardIngestor(Ingestor):
     def config_used(self, run_config: dict, state: dict) -> str | None:
         return str(batch_size_of(run_config)[0]) if state.get("ds_samples") else None
 
+    def run_folder(self, folder: Path) -> Path | None:
+        return keras_log_dir(folder)
+
     # ---------------------------------------------------------------------------------------
-    def _decode(self, path, buf, base, offs, lens, end, gaps, plugins) -> Batch:
+    def _decode(self, path, buf, base, offs, lens, end, gaps, plugins, prefix) -> Batch:
         batch = Batch(start=base, end=base + end, records=len(offs))
         for g0, g1, reason in gaps:
             at, skipped = base + int(g0), int(g1 - g0)
@@ -119,7 +161,7 @@ class TensorBoardIngestor(Ingestor):
                 batch.first_wall_time = float(wall[np.flatnonzero(good)[0]])
             self._session_events(batch, buf, base, o, ln, what, sess, wall, step, good)
             if len(vals):
-                parts.append(self._values(batch, buf, base, o, ln, wall, step, vals, fvals, plugins))
+                parts.append(self._values(batch, buf, base, o, ln, wall, step, vals, fvals, plugins, prefix))
         if parts:
             batch.points = Points.concat(parts)
         return batch
@@ -185,7 +227,7 @@ class TensorBoardIngestor(Ingestor):
             (good & (what == tfevents.EV_GRAPH)).sum()
         )
 
-    def _values(self, batch, buf, base, offs, lens, wall, step, vals, fvals, plugins) -> Points:
+    def _values(self, batch, buf, base, offs, lens, wall, step, vals, fvals, plugins, prefix) -> Points:
         hashes = vals[:, tfevents.VC_TAG_HASH]
         _, first, group = np.unique(hashes, return_index=True, return_inverse=True)
         rep_off = vals[first, tfevents.VC_TAG_OFF]
@@ -199,7 +241,7 @@ class TensorBoardIngestor(Ingestor):
                 np.array(names_all, dtype=object), return_index=True, return_inverse=True
             )
         tags = [
-            _utf8(buf[o : o + n])
+            prefix + _utf8(buf[o : o + n])
             for o, n in zip(vals[first, tfevents.VC_TAG_OFF], vals[first, tfevents.VC_TAG_LEN], strict=True)
         ]
         # the first metadata seen for a tag decides its plugin, for the whole run
@@ -264,6 +306,27 @@ def _samples_to_steps(points: Points, tbs: int | None) -> bool:
         mask = np.isin(points.tag_code, codes)
         points.step[mask] //= tbs
     return bool(codes)
+
+
+def _mixed_step_axes(points: Points) -> str | None:
+    """Keras' epoch-indexed series next to iteration-indexed ones (steps past the epochs), in words."""
+    epochs: dict[str, int] = {}
+    iterations: dict[str, int] = {}
+    for code, tag in enumerate(points.tags):
+        name = tag.rsplit("/", 1)[-1]
+        axis = epochs if name.startswith("epoch_") else None
+        if name.startswith("batch_") or name.endswith("_vs_iterations"):
+            axis = iterations
+        steps = points.step[points.tag_code == code]
+        if axis is not None and len(steps):
+            axis[tag] = int(steps.max())
+    if not epochs or not iterations or max(iterations.values()) <= max(epochs.values()):
+        return None
+    return (
+        f"mixed step axes: {', '.join(sorted(epochs))} count epochs (to {max(epochs.values())}), "
+        f"{', '.join(sorted(iterations))} optimizer steps (to {max(iterations.values())}); "
+        "one metric on both axes does not line up"
+    )
 
 
 def _utf8(b) -> str:

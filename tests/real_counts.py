@@ -47,14 +47,17 @@ def stored(store: Store, run: str, tag: str, view: str = "scalars_all") -> dict[
     return dict(rows)
 
 
-def assert_matches(store: Store, run: str, counts: dict, tags: dict[str, str] | None = None) -> None:
+def assert_matches(
+    store: Store, run: str, counts: dict, tags: dict[str, str] | None = None, view: str = "scalars_all"
+) -> None:
     """Every counted tag (renamed by `tags`: counted name -> stored tag) has the counted number
-    of points, first and last step, and the spot values."""
+    of points, first and last step, and the spot values (in `view`: `scalars` for a log that
+    writes a step more than once, where the last write is current, as the counts take it)."""
     for name, want in counts.items():
         if name.startswith("_"):
             continue
         tag = (tags or {}).get(name, name)
-        got = stored(store, run, tag)
+        got = stored(store, run, tag, view)
         assert len(got) == want["points"], f"{run} {tag}: {len(got)} points, counted {want['points']}"
         assert min(got) == want["first_step"] and max(got) == want["last_step"], f"{run} {tag} steps"
         for step, value in want["spot"].items():

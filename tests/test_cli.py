@@ -130,10 +130,10 @@ def test_runs_and_tags_commands(tbx_store):
     assert runs[1].startswith("run_a,completed,tensorboard,3,3,57,3,0,250,0,")
     tags = wb("tags", "run_a", "--format", "csv", store=tbx_store).stdout.splitlines()
     assert tags == [
-        "tag,metric,points,first_step,last_step,non_finite",
-        "hparam/final_loss,,1,0,0,0",
-        "train/loss,loss,26,0,250,0",
-        "train/lr,lr,20,0,190,0",
+        "tag,metric,points,first_step,last_step,non_finite,looks_like",
+        "hparam/final_loss,,1,0,0,0,loss",
+        "train/loss,loss,26,0,250,0,",
+        "train/lr,lr,20,0,190,0,",
     ]
     missing = wb("tags", "nope", store=tbx_store, check=False)
     assert missing.returncode == 2 and "workbench runs" in missing.stderr

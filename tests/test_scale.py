@@ -118,12 +118,12 @@ def test_compaction_keeps_every_point_and_the_store_whole(tmp_path):
 )
 def test_vectorised_jsonl_gives_the_line_readers_points(records):
     lines = [json.dumps(r) for r in records]
-    got, last = block_points(lines)
+    got, last, key = block_points(lines)
     conv = RecordsToPoints({})
     for line in lines:
         conv.add(json.loads(line))
     want = conv.points()
-    assert got.tags == want.tags and last == conv.last_step
+    assert got.tags == want.tags and last == conv.last_step and [key] == conv.step_keys
     for col in ("tag_code", "step", "wall_time", "value"):
         assert np.array_equal(getattr(got, col), getattr(want, col), equal_nan=True), col
 

@@ -1,6 +1,7 @@
 """Where a run continues from: checkpoint saves and loads (DeepSpeed's, Megatron's, HF's
-paths), and RECOVERY TRIGGERED lines of a recovery script (`[step] RECOVERY TRIGGERED: pattern -
-{changes}`). The lineage is built from these events and the run's checkpoints on disk."""
+paths, nanoGPT's `saving checkpoint to out`), and RECOVERY TRIGGERED lines of a recovery script
+(`[step] RECOVERY TRIGGERED: pattern - {changes}`). The lineage is built from these events and
+the run's checkpoints on disk."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ingest.textlog.machine import Dialect, TextParser
 
 RECOVERY = re.compile(r"\[(?P<step>\d+)\] RECOVERY TRIGGERED: (?P<pattern>\S+) - (?P<changes>\{.*\})\s*$")
 # one per save in every DeepSpeed version ("... is ready now" is gone in 0.19)
-SAVED = re.compile(r"Saving model checkpoint: (?P<path>\S+)")
+SAVED = re.compile(r"Saving model checkpoint: (?P<path>\S+)|^saving checkpoint to (?P<folder>\S+)")  # nanoGPT
 STEP_IN_PATH = re.compile(r"global_step(\d+)|checkpoint-(\d+)|iter_0*(\d+)|(?:ckpt|step)[_-]?(\d+)")
 LOADED = re.compile(
     r"(?:Begin Load checkpoint from|[Ll]oading (?:model )?checkpoint(?: from)?:?)\s+(?P<path>\S+)"
@@ -31,9 +32,10 @@ def run_event(p: TextParser, line: str) -> str | None:
             changes = m["changes"]
         p.add_event(int(m["step"]), "recovery", line.strip(), {"pattern": m["pattern"], "changes": changes})
         return "recovery"
-    if "Saving model checkpoint" in line and (m := SAVED.search(line)):
-        step = _step_in(m["path"])
-        p.add_event(p.step if step is None else step, "checkpoint", line.strip(), {"path": m["path"]})
+    if "aving " in line and (m := SAVED.search(line)):
+        path = m["path"] or m["folder"]
+        step = _step_in(path)
+        p.add_event(p.step if step is None else step, "checkpoint", line.strip(), {"path": path})
         return "checkpoint"
     if "heckpoint" in line and (m := LOADED.search(line)):
         step = _step_in(m["path"])

@@ -14,9 +14,14 @@ from ingest.textlog import (
     deepspeed,
     fairseq,
     hf_console,
+    llama2c,
+    llmc,
     loguru,
     megatron,
     nanogpt,
+    olmo,
+    progress,
+    torchtitan,
 )
 from ingest.textlog.machine import Dialect, TextParser, logging_steps
 
@@ -31,10 +36,15 @@ DIALECTS: tuple[Dialect, ...] = (
     deepspeed.DIALECT,
     megatron.DIALECT,
     nanogpt.DIALECT,
+    llama2c.DIALECT,
+    llmc.DIALECT,
+    torchtitan.DIALECT,
+    olmo.DIALECT,
     fairseq.DIALECT,
     hf_console.DIALECT,
     loguru.DIALECT,
     crashes.DIALECT,
+    progress.DIALECT,  # the fallback for generic progress lines: last
 )
 SNIFF = tuple(p for d in DIALECTS for p in d.sniff)
 

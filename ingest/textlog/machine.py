@@ -49,7 +49,9 @@ class Dialect:
 
     `sniff`: patterns one of which some line near the top of its files matches (the text-log
     reader claims such a file). `triggers`: regex alternatives one of which every line it reads
-    contains (a line with none of any dialect's is skipped in one search). The handlers get the
+    contains (a line with none of any dialect's is skipped in one search; keep them literal
+    words: one anchored or patterned alternative makes that search of every line slower). A
+    line shaped like no word at all (indented metrics) is a `block`. The handlers get the
     parser and the cleaned line: `values` reads logged values (most state a step), `notice` a
     line that waits for the step in progress, `event` a line about the run (a checkpoint, a
     crash, its configuration); `block` continues a multi-line block the dialect opened and
@@ -135,6 +137,7 @@ class TextParser(LineParser):
         self.kinds: dict[str, int] = {}  # records parsed, by kind (kept in the file's contents)
         self.no_step_reported = self.no_step
         self.placed = state.get("placed", 0)  # points stored from this file so far
+        self.marks: dict = state.get("marks", {})  # what a dialect keeps between lines (JSON values)
 
     def state(self) -> dict:
         return {
@@ -152,6 +155,7 @@ class TextParser(LineParser):
             "timers_counted": self.timers_counted,
             "placed": self.placed,
             "first_wall": self.first_wall,
+            "marks": self.marks,
         }
 
     # ---- placing values and events ---------------------------------------------------------
@@ -171,6 +175,13 @@ class TextParser(LineParser):
         e = event(step, self.wall, kind, message, attrs or {}, self.line)
         self.events.append(e)
         return e
+
+    def line_wall(self, wall: float | None) -> None:
+        """The wall time of the line being read, from a timestamp a dialect found inside it."""
+        if wall is not None:
+            self.wall = wall
+            if self.first_wall is None:
+                self.first_wall = wall
 
     def wait_for_step(self, message: str, attrs: dict) -> None:
         """A notice of the step in progress: it is placed when the next line states a step."""

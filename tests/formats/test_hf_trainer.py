@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from real_counts import assert_matches, expected, real_tree_store
 from real_samples import real_store
 
 
@@ -55,3 +56,67 @@ def test_trl_checkpoint_state_is_not_completed(store):
     assert ev.height == 14 and ev["step"].to_list() == list(range(200, 3000, 200))
     status = store.query(f"SELECT status, evidence FROM runs WHERE run_id = '{run}'").row(0)
     assert status[0] != "completed" and "2800" in status[1]
+
+
+# ---- the final log_history entry (issue #24, defect 8): tests/data/real/defects/d08_final_entry
+D08 = {
+    "trl_sft_last_entry": "defects/d08_final_entry/trl_sft_last_entry",
+    "only_final_train_loss": "defects/d08_final_entry/only_final_train_loss",
+}
+
+
+@pytest.fixture(scope="module")
+def d08(tmp_path_factory):
+    return real_tree_store(tmp_path_factory, D08)
+
+
+@pytest.mark.parametrize("run", sorted(D08))
+def test_the_final_entry_metrics_are_points_at_its_step(d08, run):
+    counts = expected(f"{D08[run]}/trainer_state.json")
+    # every entry's numbers, the final summary's included: its aggregates as summary/<key>
+    aggregates = ["train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos"]
+    tags = {k: f"summary/{k}" for k in aggregates + (["train_loss"] if "loss" in counts else [])}
+    assert_matches(d08, run, counts, tags)
+    final = counts["_global_step"]
+    loss_tag = tags.get("train_loss", "train_loss")
+    assert d08.scalars(run, tag=loss_tag).select("step", "value")["step"].to_list() == [final]
+
+
+def test_the_summary_mean_loss_is_no_training_loss_point(d08):
+    """TRL's summary (step 23) has the run's mean loss, not step 23's: the loss curve ends at 20."""
+    rows = d08.query(
+        "SELECT tag, step FROM scalars WHERE run_id = 'trl_sft_last_entry' AND metric = 'loss' ORDER BY step"
+    )
+    assert rows.rows() == [("loss", s) for s in (5, 10, 15, 20)]
+    mean = d08.scalars("trl_sft_last_entry", tag="summary/train_loss")
+    assert mean.select("step", "value").rows() == [(23, pytest.approx(3.2158814720485522))]
+
+
+def test_trl_last_steps_token_accuracy_is_at_the_final_step(d08):
+    acc = d08.scalars("trl_sft_last_entry", tag="mean_token_accuracy").select("step", "value")
+    assert acc["step"].to_list() == [5, 10, 15, 20, 23]
+    assert acc["value"][-1] == pytest.approx(0.3324652810891469)
+    assert d08.scalars("trl_sft_last_entry", tag="num_tokens").select("step", "value")["value"][-1] == 9200.0
+
+
+def test_a_run_whose_only_training_loss_is_the_summary_has_a_loss_point(d08):
+    rows = d08.query(
+        "SELECT tag, step, value FROM scalars WHERE run_id = 'only_final_train_loss' AND metric = 'loss'"
+    )
+    assert rows.rows() == [("train_loss", 30, pytest.approx(3.145842742919922))]
+
+
+# ---- LLaMA-Factory's throughput (issue #24, defect 7): tests/data/real/defects/d07_llamafactory_throughput
+def test_llamafactory_throughput_is_tokens_per_second(tmp_path_factory):
+    d07 = real_tree_store(tmp_path_factory, {"sft": "defects/d07_llamafactory_throughput"})
+    counts = expected("defects/d07_llamafactory_throughput/trainer_log.jsonl")
+    # total_steps is progress bookkeeping the reader leaves out; every other key is a series
+    assert_matches(d07, "sft", {k: v for k, v in counts.items() if k != "total_steps"})
+    rows = d07.query(
+        "SELECT tag, metric, step, value FROM scalars WHERE run_id = 'sft' AND metric LIKE '%_per_sec'"
+    )
+    assert set(rows["tag"]) == {"throughput"} and set(rows["metric"]) == {"tokens_per_sec"}
+    assert rows.height == counts["throughput"]["points"]
+    # it is tokens seen over elapsed seconds: 1,614,784 tokens in 2:03 at step 5
+    first = rows.sort("step").row(0)
+    assert first[2:] == (5, 13061.0) and first[3] == pytest.approx(1614784 / 123, rel=0.01)

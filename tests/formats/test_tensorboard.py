@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pytest
 from conftest import DATA, ingest_paths
+from real_counts import assert_matches, expected, real_tree_store
 from tbparse import SummaryReader
 from writers import scalar_tensor_summary, tb_native_scalars, tbx_scalars, tbx_summaries
 
@@ -250,3 +251,59 @@ def test_histograms_and_text_are_not_scalars(store, tmp_path):
     ingest_paths(store, tmp_path / "run")
     assert store.query("SELECT tag, step, value FROM scalars").rows() == [("loss", 3, 1.5)]
     assert store.query("SELECT step, kind, message FROM events").rows() == [(3, "text", "hello")]
+
+
+# ---- Keras' train/ and validation/ of one fit (issue #24, defect 5): Keras 3 (TF 2.21) with
+# validation data, tests/data/real/defects/d05_keras_tb_validation, counted by tbparse
+@pytest.fixture(scope="module")
+def keras_fit(tmp_path_factory):
+    return real_tree_store(tmp_path_factory, {"fit": "defects/d05_keras_tb_validation"})
+
+
+def test_keras_train_and_validation_folders_are_one_run(keras_fit):
+    assert keras_fit.query("SELECT run_id, files FROM runs").rows() == [("fit/logs", 2)]
+    # tags keep the folder, as TensorBoard shows run/tag; counted per sub-folder by tbparse
+    assert_matches(keras_fit, "fit/logs", expected("defects/d05_keras_tb_validation/logs"))
+
+
+def test_keras_validation_loss_is_eval_loss_not_loss(keras_fit):
+    metrics = dict(keras_fit.query("SELECT DISTINCT tag, metric FROM scalars WHERE tag LIKE '%loss%'").rows())
+    assert metrics == {
+        "train/epoch_loss": "loss",
+        "validation/epoch_loss": "eval_loss",
+        "validation/evaluation_loss_vs_iterations": "eval_loss",
+    }
+    counts = expected("defects/d05_keras_tb_validation/logs")
+    loss = keras_fit.query("SELECT step, value FROM scalars WHERE metric = 'loss' ORDER BY step").rows()
+    assert [s for s, _ in loss] == list(range(6))
+    assert loss[-1][1] == pytest.approx(counts["train/epoch_loss"]["spot"]["5"])
+    assert counts["validation/epoch_loss"]["spot"]["5"] != counts["train/epoch_loss"]["spot"]["5"]
+
+
+# ---- mixed step axes (issue #24, defect 10): Keras 3 TensorBoard(update_freq=5),
+# tests/data/real/defects/d10_keras_mixed_axes
+def test_epoch_and_iteration_indexed_series_in_one_run_are_flagged(tmp_path_factory, keras_fit):
+    store = real_tree_store(tmp_path_factory, {"fit": "defects/d10_keras_mixed_axes"})
+    counts = expected("defects/d10_keras_mixed_axes/logs")
+    assert_matches(store, "fit/logs", counts)
+    flagged = store.query(
+        "SELECT regexp_extract(path, '(train|validation)/[^/]+$', 1) AS folder, message FROM problems "
+        "WHERE kind = 'mixed_step_axes' ORDER BY folder",
+    ).rows()
+    assert [folder for folder, _ in flagged] == ["train", "validation"]
+    train = flagged[0][1]
+    assert f"train/epoch_loss count epochs (to {counts['train/epoch_loss']['last_step']})" in train.replace(
+        "train/epoch_accuracy, train/epoch_learning_rate, ", ""
+    )
+    assert (
+        f"train/batch_accuracy, train/batch_loss optimizer steps (to {counts['train/batch_loss']['last_step']})"
+        in train
+    )
+    # d05's validation/ mixes them too (epoch_* and evaluation_*_vs_iterations); its train/ does not
+    d05 = keras_fit.query("SELECT path FROM problems WHERE kind = 'mixed_step_axes'")["path"].to_list()
+    assert len(d05) == 1 and "/validation/" in d05[0]
+
+
+def test_a_keras_file_of_one_axis_is_not_flagged(store):
+    ingest_paths(store, KERAS)  # Keras 2.5, epoch_loss only
+    assert store.query("SELECT count(*) n FROM problems")["n"][0] == 0

@@ -17,42 +17,67 @@ import duckdb
 
 from workbench.store.sql import literal
 
-# First match wins; patterns are matched against the lower-cased tag.
+# What a tag means is read from its words: `normalized_sql` splits camelCase, lower-cases and
+# joins the words with `_` (`Loss/train` -> loss_train, `train/CrossEntropyLoss` ->
+# train_cross_entropy_loss, `LR/group0` -> lr_group0), and each pattern below is matched
+# against the whole of that. First match wins; user aliases (globs over the tag as logged) come
+# before all of them.
+TRAIN = r"(?:train|training)"
+EVAL = r"(?:eval|evaluation|val|valid|validation|test)"
+LOSS = r"(?:(?:lm|total|cross_entropy|ce)_)?loss"
+KERAS = r"(?:(?:epoch|batch)_)?"  # Keras names its series epoch_loss, batch_loss
+OPTIM = r"(?:(?:train|training|optim|optimizer)_)?"
+GRAD_NORM = r"(?:(?:total|global)_)?(?:grad|grads|gradient)_?(?:l2_)?norm(?:_total)?|grad_total_norm|gnorm"
 BUILTIN: list[tuple[str, str]] = [
-    ("eval_loss", r"(eval|evaluation|val|valid|validation|test)[/_ -]?(lm[ _])?loss"),
-    ("eval_loss", r"lm[ _-]loss[ _-]validation"),
-    ("loss", r"((train|training)[/_ -]?)?(lm[ _-]|total[ _-])?loss(_step)?"),
-    ("loss", r"train/samples/train_loss|epoch_loss|train/loss_step"),
-    ("grad_norm", r"((train|training|optim)[/_])?(grad[_ -]?norm|gradient[_ ]norm|total_grad_norm|gnorm)"),
-    ("lr", r"((train|training|optim)[/_])?(lr|learning[_ -]rate)(-?0|/group_?0|/pg0)?"),
-    ("lr", r"train/samples/lr"),
-    ("loss_scale", r"((train|training)[/_])?loss[_ -]scale|train/samples/loss_scale|derived/loss_scale"),
+    # a train/val/eval part before or after the loss word; Lightning's `_step` series is the
+    # training loss (its `_epoch` mean beside it is not: it would double every epoch's last
+    # step), and the validation loss is the `_epoch` one; Keras 3 logs the validation loss
+    # by iteration as evaluation_loss_vs_iterations
+    ("loss_scale", rf"(?:(?:{TRAIN}|derived)_)?loss_scale|train_samples_loss_scale"),
+    ("eval_loss", rf"{EVAL}_(?:{EVAL}_)?{KERAS}{LOSS}(?:_epoch)?|{KERAS}{LOSS}_{EVAL}(?:_epoch)?"),
+    ("eval_loss", r"(?:validation_)?evaluation_loss_vs_iterations|lm_loss_validation"),
+    ("eval_loss", "tel"),  # llm.c main.log: `s:N tel:X` (test loss)
+    ("loss", rf"(?:{TRAIN}_)?{KERAS}{LOSS}(?:_{TRAIN})?(?:_step)?|train_samples_train_loss"),
+    ("loss", "trl"),  # llm.c main.log: `s:N trl:X lr:Y norm:Z` (train loss)
+    ("grad_norm", rf"{OPTIM}(?:{GRAD_NORM})(?:_step)?"),
+    ("grad_norm", "norm"),  # llm.c main.log
+    ("lr", rf"{OPTIM}(?:epoch_)?(?:lr|learning_rate)(?:_?0|_group_?0|_pg_?0)?|train_samples_lr"),
+    # by unit: samples or tokens per second; a bare `throughput` is LLaMA-Factory's tokens per
+    # second (tokens seen / elapsed seconds), as trainer_log.jsonl writes it
+    ("samples_per_sec", rf"(?:{TRAIN}_)?(?:running_avg_)?samples_?per_?sec(?:ond)?|samples_sec(?:ond)?"),
     (
-        "samples_per_sec",
-        r"((train|training)[/_])?samples[_ -]?per[_ -]?sec(ond)?|throughput|samples/sec(ond)?",
+        "tokens_per_sec",
+        rf"(?:(?:{TRAIN}|throughput)_)?(?:device_)?(?:tokens?|tok)_(?:per_)?(?:sec(?:ond)?|s)|tps|throughput",
     ),
-    ("samples_per_sec", r"(runningavg)?samplespersec"),
-    ("memory_gb", r"memory/rss_gb|mem_gb|memory_gb"),  # the process's memory
-    (
-        "memory_allocated_gb",
-        r"memallocated|memory[/_]allocated(_gb)?",
-    ),  # the accelerator's (DeepSpeed, torch.cuda)
-    ("memory_reserved_gb", r"(gpu_)?memory[/_ ](max_)?reserved(_gb)?|max_memory_reserved(_gb)?"),
-    ("memory_total_gb", r"(gpu_)?memory[/_ ]total(_gb)?|memory/budget_gb|memory\.total"),
+    ("memory_gb", r"memory_rss_gb|mem_gb|memory_gb"),  # the process's memory
+    # the accelerator's (DeepSpeed, torch.cuda)
+    ("memory_allocated_gb", r"mem_allocated|memory_allocated(?:_gb)?"),
+    ("memory_reserved_gb", r"(?:gpu_)?memory_(?:max_)?reserved(?:_gb)?|max_memory_reserved(?:_gb)?"),
+    ("memory_total_gb", r"(?:gpu_)?memory_total(?:_gb)?|memory_budget_gb"),
     (
         "memory_reserved_pct",
-        r"memory/rss_pct_of_budget|(gpu_)?memory[/_ ]reserved[_ ]?(pct|percent|%)|gpu_memory/gpu reserved mem \(%\)",
+        r"memory_rss_pct_of_budget|(?:gpu_)?memory_reserved_?(?:pct|percent)|gpu_memory_gpu_reserved_mem",
     ),
     # mixture-of-experts routing (DeepSpeed-MoE, Megatron, HF Mixtral, OLMo-core names)
-    ("moe_max_load", r"moe_max_load|moe/(layer_?\d+/)?max_load"),
-    ("moe_mean_load", r"moe_mean_load|moe/(layer_?\d+/)?mean_load"),
-    (
-        "balance_loss",
-        r"(moe[/_])?balance_loss|(train/)?(router_)?aux_loss|(train/)?load[ _]balancing[ _]loss",
-    ),
-    ("attn_entropy", r"attn(_output)?_entropy|attention[/_]entropy"),
-    ("ln_input_std", r"ln_input_std(/layer_0)?"),
+    ("moe_max_load", r"moe_max_load|moe_(?:layer_?\d+_)?max_load"),
+    ("moe_mean_load", r"moe_mean_load|moe_(?:layer_?\d+_)?mean_load"),
+    ("balance_loss", r"(?:moe_)?balance_loss|(?:train_)?(?:router_)?aux_loss|(?:train_)?load_balancing_loss"),
+    ("attn_entropy", r"attn(?:_output)?_entropy|attention_entropy"),
+    ("ln_input_std", r"ln_input_std(?:_layer_0)?"),
 ]
+# what a tag that maps to nothing looks like, for `workbench tags` and the view unmapped_tags
+LOOKS_LIKE: list[tuple[str, str]] = [
+    ("loss", r"(?:^|_|[a-z])loss(?:_(?:step|epoch|train|training|val|valid|eval|test|avg|mean))?$"),
+    ("grad_norm", r"grad.*norm|gnorm|norm.*grad"),
+]
+PART_OF_A_WHOLE = r"layer|_\d+$"  # a per-layer or per-group series: not the one a rule needs
+
+
+def normalized_sql(column: str) -> str:
+    """SQL for a tag's words: camelCase split, `%` as `pct`, lower case, every run of other
+    characters one `_`."""
+    split = f"regexp_replace(replace({column}, '%', ' pct '), '([a-z])([A-Z])', '\\1_\\2', 'g')"
+    return f"trim(regexp_replace(lower({split}), '[^a-z0-9]+', '_', 'g'), '_')"
 
 
 def load_user_aliases(*config_dirs: Path) -> dict[str, list[str]]:
@@ -80,8 +105,9 @@ def metric_case_sql(column: str, user: dict[str, list[str]] | None = None) -> st
         for g in globs:
             regex = glob_regex(g)
             arms.append(f"WHEN regexp_full_match({column}, {literal(regex)}) THEN {literal(metric)}")
+    words = normalized_sql(column)
     for metric, regex in BUILTIN:
-        arms.append(f"WHEN regexp_full_match(lower({column}), {literal(regex)}) THEN {literal(metric)}")
+        arms.append(f"WHEN regexp_full_match({words}, {literal(regex)}) THEN {literal(metric)}")
     return "CASE " + " ".join(arms) + " ELSE NULL END"
 
 
@@ -91,3 +117,14 @@ def metrics_of(tags: list[str], user: dict[str, list[str]] | None = None) -> dic
         f"SELECT tag, {metric_case_sql('tag', user)} FROM (SELECT unnest(?::VARCHAR[]) AS tag)", [tags]
     ).fetchall()
     return dict(rows)
+
+
+def looks_like_sql(column: str, metric: str) -> str:
+    """A SQL CASE naming the canonical metric a tag that maps to none (`metric` NULL) looks like:
+    `loss` or `grad_norm` (the series every loss and gradient rule needs), else NULL."""
+    words = normalized_sql(column)
+    arms = [
+        f"WHEN regexp_matches({words}, {literal(regex)}) THEN {literal(name)}" for name, regex in LOOKS_LIKE
+    ]
+    whole = f"NOT regexp_matches({words}, {literal(PART_OF_A_WHOLE)})"
+    return f"CASE WHEN {metric} IS NULL AND {whole} THEN CASE {' '.join(arms)} END END"

@@ -151,10 +151,14 @@ def run_table() -> Query:
 # ---- tags ---------------------------------------------------------------------------------
 def tags(run_id: str) -> Query:
     """The tags of one run: canonical metric, current points, step range, NaN/Inf points
-    (counted over the run's current points)."""
+    (counted over the run's current points), and for a tag that maps to no metric the one it
+    looks like (`loss`, `grad_norm`), which a workbench.toml alias would give it."""
+    from workbench.store.aliases import looks_like_sql
+
     return Query(
         "SELECT tag, metric, count(*) AS points, min(step) AS first_step, max(step) AS last_step, "
-        "count(*) FILTER (WHERE NOT isfinite(value)) AS non_finite "
+        "count(*) FILTER (WHERE NOT isfinite(value)) AS non_finite, "
+        f"{looks_like_sql('tag', 'metric')} AS looks_like "
         "FROM scalars WHERE run_id = ? GROUP BY tag, metric ORDER BY tag",
         [run_id],
     )

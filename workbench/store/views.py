@@ -163,6 +163,13 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         "CREATE OR REPLACE VIEW events AS SELECT run_id, step, wall_time, kind, message, attrs, "
         'path AS source_file, "offset" FROM _events',
         "CREATE OR REPLACE VIEW agreement AS SELECT * FROM _agreement",
+        # tags that look like a loss or a gradient norm but map to no metric: no rule sees them
+        f"""CREATE OR REPLACE VIEW unmapped_tags AS
+           SELECT * FROM (
+               SELECT c.run_id, ct.tag, {aliases.looks_like_sql("ct.tag", "m.metric")} AS looks_like,
+                      sum(ct.points) AS points, min(ct.min_step) AS first_step, max(ct.max_step) AS last_step
+               FROM _chunk_tags ct JOIN _chunks c USING (chunk_id) JOIN _tag_metric m USING (tag) GROUP BY ALL)
+           WHERE looks_like IS NOT NULL""",
         # a problem stays with its file: a disagreement is reported on the less trusted source's file
         """CREATE OR REPLACE VIEW problems AS
            SELECT * FROM _problems

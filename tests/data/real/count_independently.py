@@ -132,14 +132,23 @@ def olmo(path: Path) -> dict:
 
 def fairseq(path: Path) -> dict:
     s: dict = {}
+    last = None  # the step of the last line that had one
+
+    def step_of(kv: dict, fallback):
+        nonlocal last
+        if "num_updates" in kv:
+            last = int(kv["num_updates"])
+        elif fallback is not None:
+            last = fallback
+        return last
+
     for line in text(path).splitlines():
         if "valid on" in line and "|" in line.split("subset", 1)[-1]:
             cells = [c.strip() for c in line.split("subset", 1)[1].split("|")[1:]]
             kv = dict(c.rsplit(" ", 1) for c in cells if " " in c)
-            epoch = int(re.search(r"epoch (\d+)", line)[1])
-            step = int(kv["num_updates"]) if "num_updates" in kv else epoch
+            step = step_of(kv, None)
             for k, v in kv.items():
-                if k != "num_updates" and re.fullmatch(NUM, v):
+                if step is not None and k != "num_updates" and re.fullmatch(NUM, v):
                     add(s, f"valid/{k}", step, float(v))
         elif m := re.match(r"\| epoch (\d+) \| (.*)$", line):
             cells = [c.strip() for c in m[2].split("|")]
@@ -147,13 +156,13 @@ def fairseq(path: Path) -> dict:
             for c in cells:
                 k, _, v = c.rpartition(" ")
                 kv[k.strip()] = v.rstrip("%")
-            step = int(kv["num_updates"]) if "num_updates" in kv else int(m[1])
+            step = step_of(kv, None)
             for k, v in kv.items():
-                if k and k != "num_updates" and re.fullmatch(NUM, v):
+                if step is not None and k and k != "num_updates" and re.fullmatch(NUM, v):
                     add(s, f"epoch/{k}", step, float(v))
         elif m := re.match(r"\| epoch (\d+):?\s+(\d+) / (\d+) (.*)$", line):
             kv = dict(p.strip().split("=", 1) for p in m[4].split(", ") if "=" in p)
-            step = int(kv["num_updates"]) if "num_updates" in kv else int(m[2])
+            step = step_of(kv, (int(m[1]) - 1) * int(m[3]) + int(m[2]))
             for k, v in kv.items():
                 v = v.split(" ")[0].rstrip("%")
                 if k != "num_updates" and re.fullmatch(NUM, v):
@@ -161,8 +170,8 @@ def fairseq(path: Path) -> dict:
     return summarise(
         s,
         "pre-2020 fairseq progress: `| epoch E | k v | ...` (epoch/), `| epoch E[:] i / n k=v, ...` (inner/), "
-        "`| epoch E | valid on 'valid' subset | k v | ...` (valid/); step = num_updates, else the epoch (epoch "
-        "and valid lines) or the batch index (inner lines)",
+        "`| epoch E | valid on 'valid' subset | k v | ...` (valid/); step = num_updates, else (E-1)*n + i on "
+        "inner lines, else the step of the last line before (none: not counted)",
     )
 
 
