@@ -9,12 +9,14 @@ Rules (the onset is the step where the failure starts):
 - attention_collapse, dead_ffn: the divergence point: the first step after step 50 from which
   the EMA of the loss (alpha 0.1) stays above 1.1 x its minimum so far until the end.
 - memory_blowup: the first step whose RSS is more than 3 GB above the step before.
-- overfitting: the step of the lowest eval loss (it only rises afterwards).
+- overfitting: the step of the lowest eval loss, in a run whose last eval loss is at least 5 %
+  above that minimum.
 - plateau: the first step after which the EMA loss improves by less than 0.5 % over the next
   100 steps, while still above 1.2 x the median final loss of the healthy runs.
 - fp16_overflow: the first skipped step of the final overflow storm: the last unbroken fall of
-  the loss scale in DeepSpeed's monitor CSV (x = samples / train_batch_size = DeepSpeed's global
-  step), plus the hysteresis skip before it that keeps the scale; it ends at the minimum scale.
+  the logged loss scale (DeepSpeed's monitor CSV, x = samples / train_batch_size = DeepSpeed's
+  global step, or the plain loop's GradScaler scale), plus the hysteresis skip before it that
+  keeps the scale; it must end at the minimum scale (1).
 - router_collapse: the busiest expert of MoE layer 0 takes at least half the routed tokens
   (max/mean load >= E/2, E experts) for 20 consecutive steps; the onset is the last step before
   that stretch at which the max/mean load was still at or below its median since step 50.
@@ -31,42 +33,81 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import numpy as np
+from training import CONSOLE_KEYS, tag_name
 
 
-def loss_series(run: Path, tag: str = "train/loss") -> tuple[np.ndarray, np.ndarray]:
-    """(steps, values) of a tag, newest write of each step (as TensorBoard's loader keeps it)."""
-    from tbparse import SummaryReader
-
+def loss_series(
+    run: Path, tag: str = "train/loss", scheme: str = "slash", batch: int = 16
+) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of a tag (a "slash" name, logged under its name in the run's tag `scheme`),
+    newest write of each step (as TensorBoard's loader keeps it), from the first of the run's
+    writers found: TensorBoard under tb/, the HF Trainer's trainer_state.json, DeepSpeed's monitor
+    CSV (x = samples / `batch`), metrics.jsonl, Lightning's logs, the console's `step:` lines."""
+    named = tag_name(scheme, tag)
     if (run / "tb").exists():
-        df = SummaryReader(str(run / "tb"), extra_columns={"wall_time"}).scalars
-        df = (
-            df[df["tag"] == tag]
-            .sort_values("wall_time")
-            .drop_duplicates("step", keep="last")
-            .sort_values("step")
-        )
-        return df["step"].to_numpy(), df["value"].to_numpy()
+        return _tb_series(run / "tb", named)
     state = run / "trainer_state.json"
     if state.exists():
-        key = {"train/loss": "loss", "eval/loss": "eval_loss"}[tag]
+        key = {"train/loss": "loss", "eval/loss": "eval_loss", "train/grad_norm": "grad_norm"}[tag]
         hist = [e for e in json.loads(state.read_text())["log_history"] if key in e]
         return np.array([e["step"] for e in hist]), np.array([e[key] for e in hist], dtype=float)
-    csvs = list(run.glob("monitor_csv/*/Train_Samples_train_loss.csv"))
+    csvs = list(run.glob(f"monitor_csv/*/Train_Samples_{tag.split('/')[-1]}.csv"))
+    if tag == "train/loss":
+        csvs = list(run.glob("monitor_csv/*/Train_Samples_train_loss.csv"))
     if csvs:
         rows = [r for r in csv.reader(csvs[0].read_text().splitlines()) if r and r[0] != "step"]
-        return np.array([int(r[0]) // 16 for r in rows]), np.array([float(r[1]) for r in rows])
+        return np.array([int(r[0]) // batch for r in rows]), np.array([float(r[1]) for r in rows])
     jsonl = run / "metrics.jsonl"
     if jsonl.exists():
         last = {}
         for line in jsonl.read_text().splitlines():
             rec = json.loads(line) if line.strip() else {}
-            if tag in rec:
-                last[rec["step"]] = float(rec[tag])
-        return np.array(sorted(last), dtype=int), np.array([last[k] for k in sorted(last)], dtype=float)
-    return np.array([]), np.array([])
+            if named in rec:
+                last[rec["step"]] = float(rec[named])
+        return _arrays(last)
+    lightning = run / "lightning_logs/version_0"
+    if (lightning / "metrics.csv").exists():
+        last = {}
+        with open(lightning / "metrics.csv") as f:
+            for r in csv.DictReader(f):
+                if r.get(named):
+                    last[int(r["step"])] = float(r[named])
+        return _arrays(last)
+    if lightning.exists():
+        return _tb_series(lightning, named)
+    return _console_series(run, tag, scheme)
+
+
+def _tb_series(folder: Path, tag: str) -> tuple[np.ndarray, np.ndarray]:
+    from tbparse import SummaryReader
+
+    df = SummaryReader(str(folder), extra_columns={"wall_time"}).scalars
+    if df.empty:
+        return np.array([]), np.array([])
+    df = (
+        df[df["tag"] == tag].sort_values("wall_time").drop_duplicates("step", keep="last").sort_values("step")
+    )
+    return df["step"].to_numpy(), df["value"].to_numpy()
+
+
+def _console_series(run: Path, tag: str, scheme: str) -> tuple[np.ndarray, np.ndarray]:
+    """The console's `step:N/T key:value` lines (training.Loggers), the last of each step."""
+    key = "val_loss" if tag == "eval/loss" else CONSOLE_KEYS[scheme].get(tag, "")
+    last = {}
+    pattern = re.compile(rf"^step:(\d+)/\d+ .*\b{key}:(\S+)")
+    for line in console_lines(run):
+        if key and (m := pattern.match(line)):
+            last[int(m[1])] = float(m[2])
+    return _arrays(last)
+
+
+def _arrays(by_step: dict[int, float]) -> tuple[np.ndarray, np.ndarray]:
+    steps = sorted(by_step)
+    return np.array(steps, dtype=int), np.array([by_step[k] for k in steps], dtype=float)
 
 
 def tag_names(run: Path) -> set[str]:
@@ -82,10 +123,10 @@ def tag_names(run: Path) -> set[str]:
     return set()
 
 
-def load_ratio(run: Path, layer: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
+def load_ratio(run: Path, layer: int = 0, scheme: str = "slash") -> tuple[np.ndarray, np.ndarray, int]:
     """(steps, max/mean expert load, number of experts) of one MoE layer."""
-    s, mx = loss_series(run, f"moe/layer_{layer}/max_load")
-    s2, mean = loss_series(run, f"moe/layer_{layer}/mean_load")
+    s, mx = loss_series(run, f"moe/layer_{layer}/max_load", scheme)
+    s2, mean = loss_series(run, f"moe/layer_{layer}/mean_load", scheme)
     experts = sum(t.startswith(f"moe/layer_{layer}/expert_load/") for t in tag_names(run)) if len(s) else 0
     if not len(s) or not np.array_equal(s, s2):
         return np.array([]), np.array([]), experts
@@ -104,8 +145,16 @@ def ema(values: np.ndarray, alpha: float = 0.1) -> np.ndarray:
     return out
 
 
-def onset_for(kind: str, run: Path, healthy_final: float = 1.0) -> int | None:
-    steps, loss = loss_series(run)
+def onset_for(
+    kind: str, run: Path, healthy_final: float = 1.0, scheme: str = "slash", batch: int = 16
+) -> int | None:
+    """The onset of a failure of `kind` by its rule (module docstring), None if the logs show none;
+    `scheme` and `batch` say how the run named its tags and counted DeepSpeed's samples."""
+
+    def series(tag: str) -> tuple[np.ndarray, np.ndarray]:
+        return loss_series(run, tag, scheme, batch)
+
+    steps, loss = series("train/loss")
     if kind == "divergence_nan":
         bad = np.flatnonzero(~np.isfinite(loss))
         return int(steps[bad[0]]) if len(bad) else None
@@ -132,11 +181,13 @@ def onset_for(kind: str, run: Path, healthy_final: float = 1.0) -> int | None:
                 return int(steps[i])
         return None
     if kind == "memory_blowup":
-        s, rss = loss_series(run, "memory/rss_gb")
+        s, rss = series("memory/rss_gb")
         jump = np.flatnonzero(np.diff(rss) > 3.0)
         return int(s[jump[0] + 1]) if len(jump) else None
     if kind == "overfitting":
-        s, ev = loss_series(run, "eval/loss")
+        s, ev = series("eval/loss")
+        if len(ev) < 3 or not np.isfinite(ev).all() or ev[-1] < 1.05 * ev.min():
+            return None  # the eval loss must end at least 5 % above its minimum
         return int(s[int(np.argmin(ev))])
     if kind == "plateau":
         e = ema(loss)
@@ -145,7 +196,7 @@ def onset_for(kind: str, run: Path, healthy_final: float = 1.0) -> int | None:
                 return int(steps[i])
         return None
     if kind == "router_collapse":
-        s, ratio, experts = load_ratio(run)
+        s, ratio, experts = load_ratio(run, 0, scheme)
         run_len = 0
         for i, high in enumerate(ratio >= experts / 2 if experts else []):
             run_len = run_len + 1 if high else 0
@@ -157,7 +208,7 @@ def onset_for(kind: str, run: Path, healthy_final: float = 1.0) -> int | None:
                 return int(s[back[-1]]) if len(back) else int(s[start])
         return None
     if kind == "balance_loss_dominates":
-        s, bal = loss_series(run, "moe/balance_loss")
+        s, bal = series("moe/balance_loss")
         if len(bal) < 40 or ema(loss)[-1] <= 1.2 * healthy_final:
             return None
         high = bal > 10 * np.median(bal[:20])
@@ -166,8 +217,8 @@ def onset_for(kind: str, run: Path, healthy_final: float = 1.0) -> int | None:
                 return int(s[i])
         return None
     if kind == "memory_leak":
-        s, rss = loss_series(run, "memory/rss_gb")
-        _, pct = loss_series(run, "memory/rss_pct_of_budget")
+        s, rss = series("memory/rss_gb")
+        _, pct = series("memory/rss_pct_of_budget")
         killed = any("out of memory" in line for line in console_lines(run))
         if not killed or not len(pct) or pct[-1] < 90:
             return None
@@ -177,18 +228,15 @@ def onset_for(kind: str, run: Path, healthy_final: float = 1.0) -> int | None:
                 return int(s[i])
         return None
     if kind == "fp16_overflow":
-        f = next(run.glob("monitor_csv/*/Train_Samples_loss_scale.csv"), None)
-        if f is None:
+        st, sc = series("train/loss_scale")
+        if not len(sc) or sc[-1] > 1.0:  # the storm must end at the minimum scale (1)
             return None
-        rows = [r for r in csv.reader(f.read_text().splitlines()) if r and r[0] != "step"]
-        st = [int(r[0]) // 16 for r in rows]
-        sc = [float(r[1]) for r in rows]
         i = len(sc) - 1
         while i > 0 and sc[i - 1] > sc[i]:
             i -= 1
         if i > 0 and sc[i - 1] == sc[i]:  # the storm's first skip only spends hysteresis
             i -= 1
-        return st[i]
+        return int(st[i])
     return None
 
 
