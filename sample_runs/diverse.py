@@ -39,7 +39,7 @@ healthy run is kept as evidence (`spike_step`), not a reason. Each run's entry a
 family attributes (trainer, optimizer, size, arch, clip, schedule, precision, dataset, tags,
 writers, batch, log_every, hard_negative, family = trainer/optimizer/size), the sha256 of its
 dataset's text and the seconds it took. DIR/MANIFEST.tsv lists every file with its size and
-sha256 and its run's seconds; DIR/STATUS.md the runs done and the family x kind breakdown.
+sha256 and its run's CPU seconds; DIR/STATUS.md the runs done and the family x kind breakdown.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from specs import MoESpec, Spec
 
 OPTIMIZERS = {"adamw": 3e-3, "adam": 2e-3, "sgd": 0.3, "rmsprop": 1e-3, "adafactor": 1e-2}
 SIZES = {"tiny": (24, 1, 2), "small": (32, 2, 2), "medium": (64, 3, 4)}  # d_model, layers, heads
-STEPS = {"tiny": 400, "small": 320, "medium": 260}
+STEPS = {"tiny": 300, "small": 260, "medium": 200}
 ARCHS = ["transformer", "transformer", "lstm", "transformer", "mlp"]
 CLIPS = [0.0, 0.25, 1.0, 5.0]
 SCHEDULES = ["constant", "warmup_cosine", "cosine_restarts", "step", "cosine10"]
@@ -76,7 +76,11 @@ WRITERS = {
     "hf": [()],
 }
 HARD = ["clip_0.25", "warm_restarts", "small_batch", "fp16_skips", "resumed", "recovered_spike", ""]
-HARD_TRAINERS = {"fp16_skips": ["loop", "deepspeed"], "resumed": ["loop", "deepspeed"], "recovered_spike": ["loop"]}
+HARD_TRAINERS = {
+    "fp16_skips": ["loop", "deepspeed"],
+    "resumed": ["loop", "deepspeed"],
+    "recovered_spike": ["loop"],
+}
 
 # kind -> (trainers in turn, runs); the mechanisms are in `_mechanism`
 KINDS: dict[str, tuple[list[str], int]] = {
@@ -151,10 +155,13 @@ def _spec(kind: str, i: int, seed: int) -> Spec:
     }
     if trainer == "lightning":
         kw["tags"] = c("tags_lightning", ["lightning", "slash", "pascal", "plain"])
-    if kw["arch"] == "lstm" and kw["precision"] == "fp16":  # oneDNN has no fp16 LSTM on the CPU
-        kw["arch"] = "transformer"
+
     onset = int(kw["steps"] * c("onset", [0.3, 0.38, 0.45, 0.52]))
     story = _mechanism(kind, kw, onset, i, hard)
+    if kw["precision"] == "fp16" and kw["arch"] == "lstm":  # oneDNN has no fp16 LSTM on the CPU
+        kw["arch"] = "transformer"
+    if kw["precision"] == "fp16" and size == "medium":  # fp16 autocast is slow on the CPU
+        size, kw["d_model"], kw["layers"], kw["heads"] = "small", *SIZES["small"]
     if trainer == "hf":
         kw["hf_args"] = {
             "logging_steps": kw["log_every"],
@@ -242,7 +249,7 @@ def _mechanism(kind: str, kw: dict, onset: int, i: int, hard: str) -> str:
             eval_every=10,
             dataset=["zen_of_python", "markov", "debian_licenses"][i % 3],
             clip=max(kw["clip"], 1.0) if kw["clip"] else 0.0,
-            steps=max(kw["steps"], 320),
+            steps=max(kw["steps"], 300),
         )
         if kw["optimizer"] == "sgd":
             kw["optimizer"], kw["lr"] = "adam", OPTIMIZERS["adam"]
@@ -318,26 +325,46 @@ def select(specs: list[Spec], only: list[str] | None) -> list[Spec]:
 
 
 def build(out: Path, jobs: int = 1, only: list[str] | None = None, limit: int | None = None) -> None:
-    """Train the runs not done yet (DIR/SECONDS.tsv lists those done), then label them all."""
+    """Train the runs not done yet (DIR/SECONDS.tsv lists those done with their wall and CPU
+    seconds), then label them all."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     specs = diverse_specs()
     seconds = read_seconds(out)
     todo = [s for s in select(specs, only) if s.name not in seconds][:limit]
     t0 = time.time()
-    for n, (name, secs) in enumerate(_train_all(out, todo, jobs), 1):
-        seconds[name] = secs
+    for n, (name, secs, cpu) in enumerate(_train_all(out, todo, jobs), 1):
+        seconds[name] = cpu
         with open(out / "SECONDS.tsv", "a") as f:
-            f.write(f"{name}\t{secs:.1f}\n")
-        print(f"[{n}/{len(todo)}] {name}: {secs:.0f}s ({time.time() - t0:.0f}s elapsed)", flush=True)
+            f.write(f"{name}\t{secs:.1f}\t{cpu:.1f}\n")
+        print(
+            f"[{n}/{len(todo)}] {name}: {secs:.0f}s, {cpu:.0f} CPU-s ({time.time() - t0:.0f}s elapsed)",
+            flush=True,
+        )
         if n % 10 == 0:
             write_outputs(out, specs, seconds)
     write_outputs(out, specs, seconds)
 
 
-def _train_all(out: Path, todo: list[Spec], jobs: int):
+def _timed(args: tuple[Path, Spec]) -> tuple[str, float, float]:
+    """corpus._one (one run, quiet, weights dropped) with its wall and CPU seconds (its own and
+    its child processes')."""
+    import resource
+
     from corpus import _one
 
+    def cpu() -> float:
+        return sum(
+            u.ru_utime + u.ru_stime
+            for u in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+        )
+
+    c0 = cpu()
+    name, secs = _one(args)
+    return name, secs, cpu() - c0
+
+
+def _train_all(out: Path, todo: list[Spec], jobs: int):
     if jobs <= 1:
         for spec in todo:
             try:
@@ -348,24 +375,25 @@ def _train_all(out: Path, todo: list[Spec], jobs: int):
     import multiprocessing
 
     with multiprocessing.get_context("fork").Pool(jobs, maxtasksperchild=1) as pool:
-        yield from pool.imap_unordered(_one, [(out, s) for s in todo])
+        yield from pool.imap_unordered(_timed, [(out, s) for s in todo])
 
 
-def _isolated(out: Path, spec: Spec) -> tuple[str, float]:
+def _isolated(out: Path, spec: Spec) -> tuple[str, float, float]:
     """One run in a forked child (its memory, threads and library state die with it)."""
     import multiprocessing
 
-    from corpus import _one
-
     with multiprocessing.get_context("fork").Pool(1) as pool:
-        return pool.apply(_one, ((out, spec),))
+        return pool.apply(_timed, ((out, spec),))
 
 
 def read_seconds(out: Path) -> dict[str, float]:
+    """The CPU seconds of each run done."""
     f = out / "SECONDS.tsv"
     if not f.exists():
         return {}
-    return {k: float(v) for k, v in (line.split("\t") for line in f.read_text().splitlines() if line)}
+    return {
+        row[0]: float(row[-1]) for row in (line.split("\t") for line in f.read_text().splitlines() if line)
+    }
 
 
 def write_outputs(out: Path, specs: list[Spec], seconds: dict[str, float]) -> None:

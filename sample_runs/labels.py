@@ -335,6 +335,17 @@ def write_labels_and_readme(out: Path, specs) -> None:
         "HF Trainer, DeepSpeed fp16 and the MoE trainer, in `DIR/tune/` and `DIR/holdout/`, labelled by",
         "the same rules in `DIR/labels.toml` (see `corpus.py`).",
         "",
+        "A labelled corpus diverse by construction (not committed; its manifest is",
+        "`diverse_manifest.tsv`) comes from `python sample_runs/generate.py --diverse DIR [--jobs N]",
+        "[--only KIND_OR_FAMILY_VALUE ...] [--limit N]`: about 180 runs of the plain loop, the HF Trainer,",
+        "DeepSpeed, Lightning and the MoE loop with their model (transformer sizes, LSTM, MLP), optimizer,",
+        "clipping, lr schedule, batch size, logging interval, tag names, writers, precision and dataset",
+        "(text shipped with Python or Debian) cycled within each failure kind, and healthy hard negatives",
+        "(heavy clipping, warm restarts, small batches, fp16 overflow skips, resumed runs, a recovered",
+        "spike). `DIR/labels.toml` holds each run's label (the injected cause confirmed by the rules of",
+        "`labels.py` on its own logs) and its family attributes; `DIR/MANIFEST.tsv` every file's size and",
+        "sha256; `DIR/STATUS.md` the breakdown (see `diverse.py`).",
+        "",
     ]
     (out / "README.md").write_text("\n".join(readme))
 
