@@ -73,8 +73,10 @@ def label(out: Path, spec: Spec, finals: dict[str, float]) -> tuple[str, int | N
     if spec.kind == "healthy":
         problems = healthy_problems(run, spec)
         return ("unknown" if problems else "healthy"), None, "; ".join(problems)
-    final = finals.get(spec.dataset, float(np.median(list(finals.values()))) if finals else 1.0)
-    onset = labels.onset_for(spec.kind, run, final, spec.tags, spec.batch)
+    final = finals.get(spec.dataset)
+    if final is None and spec.kind in ("plateau", "balance_loss_dominates"):
+        return "unknown", None, f"no healthy run on {spec.dataset} yet to compare the final loss with"
+    onset = labels.onset_for(spec.kind, run, final or 1.0, spec.tags, spec.batch)
     return (
         ("failed", onset, "")
         if onset is not None

@@ -5,14 +5,15 @@ Rules (the onset is the step where the failure starts):
 - divergence_nan_filtered: the first logged step whose grad_norm or eval_loss is NaN/Inf in
   trainer_state.json (the HF Trainer's NaN filter keeps the logged train loss finite).
 - loss_spike, loss_spike_unrecovered: the first step after step 50 whose loss exceeds the mean
-  of the 20 steps before it by more than 6 of their standard deviations.
+  of the 20 logged values before it (at least 8) by more than 6 of their standard deviations.
 - attention_collapse, dead_ffn: the divergence point: the first step after step 50 from which
   the EMA of the loss (alpha 0.1) stays above 1.1 x its minimum so far until the end.
 - memory_blowup: the first step whose RSS is more than 3 GB above the step before.
 - overfitting: the step of the lowest eval loss, in a run whose last eval loss is at least 5 %
   above that minimum.
 - plateau: the first step after which the EMA loss improves by less than 0.5 % over the next
-  100 steps, while still above 1.2 x the median final loss of the healthy runs.
+  100 steps (to the first value logged 100 steps later), while still above 1.2 x the median
+  final loss of the healthy runs (of the same data).
 - fp16_overflow: the first skipped step of the final overflow storm: the last unbroken fall of
   the logged loss scale (DeepSpeed's monitor CSV, x = samples / train_batch_size = DeepSpeed's
   global step, or the plain loop's GradScaler scale), plus the hysteresis skip before it that
@@ -167,8 +168,8 @@ def onset_for(
         ]
         return bad[0] if bad else None
     if kind in ("loss_spike", "loss_spike_unrecovered"):
-        for i in range(max(20, int(np.searchsorted(steps, 50))), len(loss)):
-            w = loss[i - 20 : i]
+        for i in range(max(8, int(np.searchsorted(steps, 50))), len(loss)):
+            w = loss[max(0, i - 20) : i]
             if loss[i] > w.mean() + 6 * w.std():
                 return int(steps[i])
         return None
@@ -191,8 +192,10 @@ def onset_for(
         return int(s[int(np.argmin(ev))])
     if kind == "plateau":
         e = ema(loss)
-        for i in range(len(e) - 100):
-            if (e[i] - e[i + 100]) / e[i] < 0.005 and e[i] > 1.2 * healthy_final:
+        ahead = np.searchsorted(steps, steps + 100)  # the first logged point 100 steps later
+        for i in range(len(e)):
+            j = ahead[i]
+            if j < len(e) and (e[i] - e[j]) / e[i] < 0.005 and e[i] > 1.2 * healthy_final:
                 return int(steps[i])
         return None
     if kind == "router_collapse":

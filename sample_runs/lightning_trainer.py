@@ -39,7 +39,8 @@ def run_lightning(spec: Spec, run: Path) -> None:
             self.nan_since: int | None = None
 
         def training_step(self, batch, i):
-            loss = self.lm(batch[:, :-1], batch[:, 1:])["loss"]
+            (seqs,) = batch
+            loss = self.lm(seqs[:, :-1], seqs[:, 1:])["loss"]
             self.log(name("train/loss"), loss)
             for k, v in self.lm.stats.items():
                 self.log(k, v)
@@ -62,7 +63,8 @@ def run_lightning(spec: Spec, run: Path) -> None:
                 self.trainer.should_stop = True
 
         def validation_step(self, batch, i):
-            self.log(name("eval/loss"), self.lm(batch[:, :-1], batch[:, 1:])["loss"])
+            (seqs,) = batch
+            self.log(name("eval/loss"), self.lm(seqs[:, :-1], seqs[:, 1:])["loss"])
 
         def configure_optimizers(self):
             opt = make_optimizer(spec, self.parameters())
@@ -91,8 +93,9 @@ def run_lightning(spec: Spec, run: Path) -> None:
         enable_model_summary=False,
         default_root_dir=str(run),
     )
+    data = torch.utils.data.TensorDataset
     trainer.fit(
         Module(),
-        torch.utils.data.DataLoader(train, batch_size=spec.batch, sampler=sampler),
-        torch.utils.data.DataLoader(evalset, batch_size=256),
+        torch.utils.data.DataLoader(data(train), batch_size=spec.batch, sampler=sampler),
+        torch.utils.data.DataLoader(data(evalset), batch_size=256),
     )

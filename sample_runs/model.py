@@ -100,13 +100,13 @@ class TinyLM(nn.Module):
         return {"loss": loss, "logits": logits}
 
     # what the failure mechanisms of the trainers act on (freeze-and-decay), per architecture
-    def output_params(self) -> list[nn.Parameter]:
+    def output_params(self) -> list[torch.Tensor]:
         return [self.ln_f.weight, self.head.weight]
 
-    def embedding_params(self) -> list[nn.Parameter]:
+    def embedding_params(self) -> list[torch.Tensor]:
         return [self.tok.weight, self.pos.weight]
 
-    def layer_groups(self) -> list[list[nn.Parameter]]:
+    def layer_groups(self) -> list[list[torch.Tensor]]:
         return [list(blk.parameters()) for blk in self.blocks]
 
 
@@ -134,13 +134,13 @@ class LSTMLM(nn.Module):
         self.stats = {"ln_input_std": token_std(h)}
         return _lm_loss(self.head(self.ln_f(h)), labels)
 
-    def output_params(self) -> list[nn.Parameter]:
+    def output_params(self) -> list[torch.Tensor]:
         return [self.ln_f.weight, self.head.weight]
 
-    def embedding_params(self) -> list[nn.Parameter]:
+    def embedding_params(self) -> list[torch.Tensor]:
         return [self.tok.weight]
 
-    def layer_groups(self) -> list[list[nn.Parameter]]:
+    def layer_groups(self) -> list[list[torch.Tensor]]:
         return [
             [p for n, p in self.lstm.named_parameters() if n.endswith(f"_l{i}")] for i in range(self.layers)
         ]
@@ -172,17 +172,20 @@ class MLPLM(nn.Module):
         self.stats = stats
         return _lm_loss(self.head(self.ln_f(x)), labels)
 
-    def output_params(self) -> list[nn.Parameter]:
+    def output_params(self) -> list[torch.Tensor]:
         return [self.ln_f.weight, self.head.weight]
 
-    def embedding_params(self) -> list[nn.Parameter]:
+    def embedding_params(self) -> list[torch.Tensor]:
         return [self.tok.weight]
 
-    def layer_groups(self) -> list[list[nn.Parameter]]:
+    def layer_groups(self) -> list[list[torch.Tensor]]:
         return [list(lin.parameters()) for lin in self.hidden]
 
 
-def build_model(arch: str, d: int, layers: int, heads: int, vocab: int, seq: int) -> nn.Module:
+LM = TinyLM | LSTMLM | MLPLM  # what the trainers drive: loss dict, .stats, parameter groups
+
+
+def build_model(arch: str, d: int, layers: int, heads: int, vocab: int, seq: int) -> LM:
     if arch == "lstm":
         return LSTMLM(d, layers, vocab)
     if arch == "mlp":
@@ -190,7 +193,7 @@ def build_model(arch: str, d: int, layers: int, heads: int, vocab: int, seq: int
     return TinyLM(d, layers, heads, vocab, seq)
 
 
-def layer_grad_norms(model: nn.Module) -> dict[str, float]:
+def layer_grad_norms(model: LM) -> dict[str, float]:
     out = {}
     for i, group in enumerate(model.layer_groups()):
         sq = sum(float(p.grad.detach().float().pow(2).sum()) for p in group if p.grad is not None)

@@ -485,6 +485,8 @@ def ds_config_for(spec: Spec) -> dict:
         "steps_per_print": max(10, spec.log_every),
         "gradient_clipping": spec.clip,
     }
+    if spec.optimizer not in ("adam", "adamw"):  # ZeRO refuses other client optimizers without it
+        config["zero_allow_untested_optimizer"] = True
     if spec.precision != "fp16":
         del config["fp16"]
     if spec.precision == "bf16":
