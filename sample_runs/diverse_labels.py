@@ -22,9 +22,9 @@ def healthy_finals(out: Path, specs: list[Spec]) -> dict[str, float]:
     finals: dict[str, list[float]] = {}
     for spec in specs:
         if spec.kind == "healthy":
-            v = _series(out / spec.name, spec, "train/loss")[1]
+            st, v = _series(out / spec.name, spec, "train/loss")
             if len(v) and np.isfinite(v).all():
-                finals.setdefault(spec.dataset, []).append(float(labels.ema(v)[-1]))
+                finals.setdefault(spec.dataset, []).append(float(labels.ema(v, steps=st)[-1]))
     return {k: float(np.median(v)) for k, v in finals.items()}
 
 
@@ -37,8 +37,8 @@ def healthy_problems(run: Path, spec: Spec) -> list[str]:
     bad = np.flatnonzero(~np.isfinite(loss))
     if len(bad):
         problems.append(f"non-finite loss at step {steps[bad[0]]}")
-    elif labels.ema(loss)[-1] > 0.8 * loss[0]:
-        problems.append(f"did not learn (loss EMA {labels.ema(loss)[-1]:.3f} from {loss[0]:.3f})")
+    elif (last := labels.ema(loss, steps=steps)[-1]) > 0.8 * loss[0]:
+        problems.append(f"did not learn (loss EMA {last:.3f} from {loss[0]:.3f})")
     if steps[-1] < 0.95 * spec.steps - spec.log_every - 1:
         problems.append(f"log ends early (step {steps[-1]} of {spec.steps})")
     for line in labels.console_lines(run):

@@ -7,7 +7,8 @@ Rules (the onset is the step where the failure starts):
 - loss_spike, loss_spike_unrecovered: the first step after step 50 whose loss exceeds the mean
   of the 20 logged values before it (at least 8) by more than 6 of their standard deviations.
 - attention_collapse, dead_ffn: the divergence point: the first step after step 50 from which
-  the EMA of the loss (alpha 0.1) stays above 1.1 x its minimum so far until the end.
+  the EMA of the loss (alpha 0.1 per step, whatever the logging interval) stays above 1.1 x its
+  minimum so far until the end.
 - memory_blowup: the first step whose RSS is more than 3 GB above the step before.
 - overfitting: the step of the lowest eval loss, in a run whose last eval loss is at least 5 %
   above that minimum.
@@ -138,10 +139,14 @@ def console_lines(run: Path) -> list[str]:
     return [line for f in sorted(run.glob("*.log")) for line in f.read_text(errors="replace").splitlines()]
 
 
-def ema(values: np.ndarray, alpha: float = 0.1) -> np.ndarray:
+def ema(values: np.ndarray, alpha: float = 0.1, steps: np.ndarray | None = None) -> np.ndarray:
+    """The EMA of `alpha` per step: with `steps`, a value logged k steps after the one before it
+    weighs 1 - (1 - alpha)^k (a run that logs every 10 steps is smoothed as one that logs each)."""
+    gaps = np.diff(steps, prepend=steps[0] - 1) if steps is not None else np.ones(len(values))
     out, last = np.empty_like(values), values[0]
     for i, v in enumerate(values):
-        last = alpha * v + (1 - alpha) * last
+        a = 1 - (1 - alpha) ** max(1, gaps[i])
+        last = a * v + (1 - a) * last
         out[i] = last
     return out
 
@@ -174,7 +179,7 @@ def onset_for(
                 return int(steps[i])
         return None
     if kind in ("attention_collapse", "dead_ffn"):
-        e = ema(loss)
+        e = ema(loss, steps=steps)
         best = np.minimum.accumulate(e)
         above = e > 1.1 * best
         for i in range(int(np.searchsorted(steps, 50)), len(e)):
@@ -191,7 +196,7 @@ def onset_for(
             return None  # the eval loss must end at least 5 % above its minimum
         return int(s[int(np.argmin(ev))])
     if kind == "plateau":
-        e = ema(loss)
+        e = ema(loss, steps=steps)
         ahead = np.searchsorted(steps, steps + 100)  # the first logged point 100 steps later
         for i in range(len(e)):
             j = ahead[i]
@@ -212,7 +217,7 @@ def onset_for(
         return None
     if kind == "balance_loss_dominates":
         s, bal = series("moe/balance_loss")
-        if len(bal) < 40 or ema(loss)[-1] <= 1.2 * healthy_final:
+        if len(bal) < 40 or ema(loss, steps=steps)[-1] <= 1.2 * healthy_final:
             return None
         high = bal > 10 * np.median(bal[:20])
         for i in range(20, len(bal)):
