@@ -44,16 +44,17 @@ sha256 and its run's CPU seconds; DIR/STATUS.md the runs done and the family x k
 
 from __future__ import annotations
 
+import json
 import random
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from specs import MoESpec, Spec
 
 OPTIMIZERS = {"adamw": 3e-3, "adam": 2e-3, "sgd": 0.3, "rmsprop": 1e-3, "adafactor": 1e-2}
 SIZES = {"tiny": (24, 1, 2), "small": (32, 2, 2), "medium": (64, 3, 4)}  # d_model, layers, heads
-STEPS = {"tiny": 300, "small": 260, "medium": 200}
+STEPS = {"tiny": 260, "small": 220, "medium": 180}
 ARCHS = ["transformer", "transformer", "lstm", "transformer", "mlp"]
 CLIPS = [0.0, 0.25, 1.0, 5.0]
 SCHEDULES = ["constant", "warmup_cosine", "cosine_restarts", "step", "cosine10"]
@@ -62,7 +63,7 @@ LOG_EVERY = [1, 5, 10, 25]
 TEXTS = ["markov", "python_stdlib", "debian_licenses", "debian_copyright"]
 TAGS = ["slash", "plain", "pascal", "short"]
 PRECISIONS = {
-    "loop": ["fp32", "bf16", "fp16"],
+    "loop": ["fp32", "bf16", "fp32", "fp16"],  # fp16 autocast is slow on the CPU
     "hf": ["fp32", "bf16"],
     "deepspeed": ["fp16", "fp32", "bf16"],
     "lightning": ["fp32", "bf16"],
@@ -258,7 +259,8 @@ def _mechanism(kind: str, kw: dict, onset: int, i: int, hard: str) -> str:
         kw.update(
             train_size=[16, 24, 8][i % 3],
             weight_decay=0.0,
-            eval_every=10,
+            eval_every=20,
+            precision="bf16" if kw["precision"] == "fp16" else kw["precision"],
             dataset=["zen_of_python", "debian_copyright", "debian_licenses"][i % 3],
             arch="mlp" if kw["arch"] == "lstm" else kw["arch"],  # an LSTM this small does not memorise
             clip=max(kw["clip"], 1.0) if kw["clip"] else 0.0,
@@ -339,24 +341,24 @@ def select(specs: list[Spec], only: list[str] | None) -> list[Spec]:
 
 def build(out: Path, jobs: int = 1, only: list[str] | None = None, limit: int | None = None) -> None:
     """Train the runs not done yet (DIR/SECONDS.tsv lists those done with their wall and CPU
-    seconds), then label them all."""
+    seconds and the spec they were trained with), then label them all."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     specs = diverse_specs()
-    seconds = read_seconds(out)
-    todo = [s for s in select(specs, only) if s.name not in seconds][:limit]
+    done = {s.seed for s in read_specs(out)}  # a run done keeps its spec, whatever the plan says now
+    todo = [s for s in select(specs, only) if s.seed not in done][:limit]
     t0 = time.time()
+    by_name = {s.name: s for s in todo}
     for n, (name, secs, cpu) in enumerate(_train_all(out, todo, jobs), 1):
-        seconds[name] = cpu
         with open(out / "SECONDS.tsv", "a") as f:
-            f.write(f"{name}\t{secs:.1f}\t{cpu:.1f}\n")
+            f.write(f"{name}\t{secs:.1f}\t{cpu:.1f}\t{json.dumps(asdict(by_name[name]))}\n")
         print(
             f"[{n}/{len(todo)}] {name}: {secs:.0f}s, {cpu:.0f} CPU-s ({time.time() - t0:.0f}s elapsed)",
             flush=True,
         )
         if n % 10 == 0:
-            write_outputs(out, specs, seconds)
-    write_outputs(out, specs, seconds)
+            write_outputs(out, len(specs))
+    write_outputs(out, len(specs))
 
 
 def _timed(args: tuple[Path, Spec]) -> tuple[str, float, float]:
@@ -405,20 +407,31 @@ def _isolated(out: Path, spec: Spec) -> tuple[str, float, float]:
         return pool.apply(_timed, ((out, spec),))
 
 
+def _done(out: Path) -> list[list[str]]:
+    f = out / "SECONDS.tsv"
+    return [line.split("\t") for line in f.read_text().splitlines() if line] if f.exists() else []
+
+
 def read_seconds(out: Path) -> dict[str, float]:
     """The CPU seconds of each run done."""
-    f = out / "SECONDS.tsv"
-    if not f.exists():
-        return {}
-    return {
-        row[0]: float(row[-1]) for row in (line.split("\t") for line in f.read_text().splitlines() if line)
-    }
+    return {row[0]: float(row[2]) for row in _done(out)}
 
 
-def write_outputs(out: Path, specs: list[Spec], seconds: dict[str, float]) -> None:
+def read_specs(out: Path) -> list[Spec]:
+    """The specs the runs done were trained with (the generator may have moved on since)."""
+    specs = []
+    for row in _done(out):
+        d = json.loads(row[3])
+        d["writers"] = tuple(d["writers"])
+        specs.append(MoESpec(**d) if "experts" in d else Spec(**d))
+    return specs
+
+
+def write_outputs(out: Path, planned: int) -> None:
     from diverse_labels import write_labels, write_manifest, write_status
 
-    done = [s for s in specs if s.name in seconds and (out / s.name).exists()]
+    seconds = read_seconds(out)
+    done = [s for s in read_specs(out) if (out / s.name).exists()]
     rows = write_labels(out, done, seconds)
     write_manifest(out, done, seconds)
-    write_status(out, rows, len(specs))
+    write_status(out, rows, planned)
