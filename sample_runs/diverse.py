@@ -169,6 +169,8 @@ def _spec(kind: str, i: int, seed: int) -> Spec:
     )
     onset = int(kw["steps"] * c("onset", [0.3, 0.38, 0.45, 0.52] if early else [0.45, 0.5, 0.55, 0.6]))
     story = _mechanism(kind, kw, onset, i, hard)
+    if trainer == "deepspeed" and kw["precision"] != "fp16":  # its monitor logs the loss in fp16 only
+        kw["writers"] = ("jsonl",)
     if kw["precision"] == "fp16" and kw["arch"] == "lstm":  # oneDNN has no fp16 LSTM on the CPU
         kw["arch"] = "transformer"
     if kw["precision"] == "fp16" and size == "medium":  # fp16 autocast is slow on the CPU
@@ -236,7 +238,7 @@ def _mechanism(kind: str, kw: dict, onset: int, i: int, hard: str) -> str:
             "NaN filter keeps the logged loss finite, grad_norm and eval_loss show it"
         )
     if kind == "loss_spike":
-        mult, length = [(40.0, 5), (60.0, 3), (25.0, 6)][i % 3]
+        mult, length = [(60.0, 5), (100.0, 3), (40.0, 6)][i % 3]
         kw["bugs"] = {"lr_burst": (onset, onset + length, mult)}
         return f"lr x{mult:g} for {length} steps at step {onset} (a scheduler glitch); the loss spikes and recovers"
     if kind == "loss_spike_unrecovered":
@@ -277,7 +279,7 @@ def _mechanism(kind: str, kw: dict, onset: int, i: int, hard: str) -> str:
         kw["bugs"] = {"lr_burst": (onset, 10**6, mult)}
         return f"fp16, lr x{mult:g} from step {onset} until the loss scale reaches its minimum"
     if kind == "plateau":
-        start, rate = [(30, 0.95), (45, 0.93), (20, 0.96)][i % 3]
+        start, rate = [(15, 0.9), (20, 0.92), (10, 0.93)][i % 3]
         kw["bugs"] = {"lr_decay": (start, rate)}
         kw["schedule"] = "constant" if kw["schedule"] == "cosine_restarts" else kw["schedule"]
         return f"lr decays {100 * (1 - rate):.0f} %/step from step {start} (a scheduler misconfiguration): the loss stalls high"
