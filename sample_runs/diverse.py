@@ -304,8 +304,8 @@ def _mechanism(kind: str, kw: dict, onset: int, i: int, hard: str) -> str:
         return f"at step {onset} the balance-loss coefficient becomes {coef:g} (a sign typo): one expert takes all"
     if kind == "balance_loss_dominates":
         coef = [500.0, 1000.0, 300.0][i % 3]
-        kw["bugs"] = {"aux_coef": (onset // 4, coef)}
-        return f"at step {onset // 4} the balance-loss coefficient becomes {coef:g}: the LM loss stalls"
+        kw["bugs"] = {"aux_coef": (onset // 2, coef)}  # after the 20 steps its rule takes as the baseline
+        return f"at step {onset // 2} the balance-loss coefficient becomes {coef:g}: the LM loss stalls"
     raise ValueError(kind)
 
 

@@ -452,7 +452,8 @@ def deepspeed_worker(spec: Spec, resume: bool) -> None:
             engine.step()
             losses.append(float(loss.detach().float()))
         last_loss = losses[-1]
-        if engine.global_steps % spec.log_every == 0 or step == spec.steps - 1:
+        diverged = not math.isfinite(last_loss) and "fp16" not in config  # fp16 stops at its minimum scale
+        if engine.global_steps % spec.log_every == 0 or step == spec.steps - 1 or diverged:
             grad_norm = engine.get_global_grad_norm()
             metrics = {  # DeepSpeed's own step numbering (1-based)
                 "train/loss": sum(losses) / len(losses),
@@ -471,7 +472,7 @@ def deepspeed_worker(spec: Spec, resume: bool) -> None:
                 logs.jsonl.flush()
         if engine.global_steps % 50 == 0 and engine.global_steps > 0:
             engine.save_checkpoint("ckpt")
-        if not math.isfinite(last_loss) and "fp16" not in config:  # fp16 stops at its minimum scale
+        if diverged:  # the watchdog logs the step it stops at
             print(f"watchdog: loss is not finite at step {engine.global_steps}; stopping", flush=True)
             break
 
