@@ -17,7 +17,8 @@ together):
     tag names    train/loss, loss, Loss/train, train_loss (grad norms: train/grad_norm,
                  grad_norm, Grad/total_norm, gnorm; Lightning's grad_2.0_norm_total), HF's own
     writers      TensorBoard SummaryWriter, JSONL, console, HF's own files, DeepSpeed's monitor
-                 (CSV + TensorBoard) and console, Lightning's CSVLogger / TensorBoardLogger
+                 (CSV + TensorBoard: lr and loss scale, no loss) and console beside a JSONL file,
+                 Lightning's CSVLogger / TensorBoardLogger (lightning_logs/version_0/)
     precision    fp32, bf16 autocast, fp16 autocast + GradScaler (initial scale 2^24: early skips),
                  DeepSpeed fp16 (dynamic loss scale) and bf16
     dataset      data.DATASETS: the synthetic Markov language, Python's stdlib sources, Debian's
@@ -71,7 +72,7 @@ PRECISIONS = {
 }
 WRITERS = {
     "loop": [("tb",), ("jsonl",), ("text",), ("tb", "text"), ("tb", "jsonl")],
-    "deepspeed": [("jsonl",), ()],
+    "deepspeed": [("jsonl",)],  # beside its own console and monitor, which log no loss on the CPU
     "lightning": [("csv",), ("tb",)],
     "moe": [("tb",), ("jsonl",), ("tb", "text")],
     "hf": [()],
@@ -169,8 +170,6 @@ def _spec(kind: str, i: int, seed: int) -> Spec:
     )
     onset = int(kw["steps"] * c("onset", [0.3, 0.38, 0.45, 0.52] if early else [0.45, 0.5, 0.55, 0.6]))
     story = _mechanism(kind, kw, onset, i, hard)
-    if trainer == "deepspeed" and kw["precision"] != "fp16":  # its monitor logs the loss in fp16 only
-        kw["writers"] = ("jsonl",)
     if kw["precision"] == "fp16" and kw["arch"] == "lstm":  # oneDNN has no fp16 LSTM on the CPU
         kw["arch"] = "transformer"
     if kw["precision"] == "fp16" and size == "medium":  # fp16 autocast is slow on the CPU
