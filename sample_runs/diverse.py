@@ -88,18 +88,18 @@ HARD_TRAINERS = {
 KINDS: dict[str, tuple[list[str], int]] = {
     "healthy": (["loop", "hf", "deepspeed", "lightning", "loop", "moe"], 63),
     "divergence_nan": (["loop", "hf", "deepspeed", "lightning"], 9),
-    "divergence_nan_filtered": (["hf"], 8),
-    "loss_spike": (["loop", "hf", "deepspeed", "lightning"], 9),
-    "loss_spike_unrecovered": (["loop", "hf", "deepspeed", "lightning"], 9),
+    "divergence_nan_filtered": (["hf"], 10),
+    "loss_spike": (["loop", "hf", "deepspeed", "lightning"], 12),
+    "loss_spike_unrecovered": (["loop", "hf", "deepspeed", "lightning"], 10),
     "attention_collapse": (["loop", "hf", "lightning"], 9),
-    "dead_ffn": (["loop", "hf", "lightning"], 9),
+    "dead_ffn": (["loop", "hf", "lightning"], 11),
     "overfitting": (["loop", "hf", "lightning"], 9),
-    "fp16_overflow": (["deepspeed", "loop"], 9),
-    "plateau": (["loop", "hf", "deepspeed", "lightning"], 9),
-    "memory_blowup": (["loop"], 8),
+    "fp16_overflow": (["deepspeed", "loop"], 11),
+    "plateau": (["loop", "hf", "deepspeed", "lightning"], 12),
+    "memory_blowup": (["loop"], 10),
     "memory_leak": (["moe"], 8),
     "router_collapse": (["moe"], 9),
-    "balance_loss_dominates": (["moe"], 9),
+    "balance_loss_dominates": (["moe"], 11),
 }
 
 
@@ -275,6 +275,7 @@ def _mechanism(kind: str, kw: dict, onset: int, i: int, hard: str) -> str:
     if kind == "fp16_overflow":
         kw["precision"] = "fp16"
         mult = [1e4, 3e3, 1e4][i % 3]
+        kw["log_every"] = min(kw["log_every"], 5)  # the storm lasts ~20 steps
         kw["bugs"] = {"lr_burst": (onset, 10**6, mult)}
         return f"fp16, lr x{mult:g} from step {onset} until the loss scale reaches its minimum"
     if kind == "plateau":
@@ -285,6 +286,8 @@ def _mechanism(kind: str, kw: dict, onset: int, i: int, hard: str) -> str:
     if kind == "memory_blowup":
         gb = [3.3, 3.0, 3.5][i % 3]
         kw["bugs"] = {"leak_gb": (onset, gb), "freeze_decay": (onset, "output", 0.85)}
+        if kw["writers"] == ("text",):  # the console line has no RSS
+            kw["writers"] = ("tb", "text")
         return (
             f"at step {onset} a {gb:g} GB activation cache leaks while the output path is frozen and decays"
         )

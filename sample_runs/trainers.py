@@ -78,7 +78,11 @@ def train_loop(
         losses.append(loss)
         last = step == spec.steps - 1
         is_eval = step % spec.eval_every == 0 or last
-        if step % spec.log_every == 0 or is_eval:
+        if not math.isfinite(loss) and nan_seen is None:
+            nan_seen = step  # a watchdog stops the job 20 steps after the first NaN (fp16: the scale's floor)
+        stop_nan = nan_seen is not None and step >= nan_seen + 20 and scaler is None
+        stop_scale = scaler is not None and scaler.get_scale() < MIN_LOSS_SCALE
+        if step % spec.log_every == 0 or is_eval or stop_nan or stop_scale:  # the step it stops at too
             metrics = {
                 "train/loss": sum(losses) / len(losses),
                 "train/lr": lr_at(spec, step),
@@ -97,12 +101,10 @@ def train_loop(
             losses = []
         if step % 50 == 0 and step > start:
             save_checkpoint(model, opt, run, spec, step, parent)
-        if not math.isfinite(loss) and nan_seen is None:
-            nan_seen = step  # a watchdog stops the job 20 steps after the first NaN
-        if nan_seen is not None and step >= nan_seen + 20 and scaler is None:  # fp16: the scale's floor
+        if stop_nan:
             logs.say(f"watchdog: loss is NaN since step {nan_seen}; stopping")
             break
-        if scaler is not None and scaler.get_scale() < MIN_LOSS_SCALE:
+        if stop_scale:
             logs.say(
                 f"step {step}: loss scale {scaler.get_scale():g} fell below its minimum {MIN_LOSS_SCALE:g}; stopping"
             )
