@@ -360,7 +360,7 @@ def build(out: Path, jobs: int = 1, only: list[str] | None = None, limit: int | 
             f"[{n}/{len(todo)}] {name}: {secs:.0f}s, {cpu:.0f} CPU-s ({time.time() - t0:.0f}s elapsed)",
             flush=True,
         )
-        if n % 10 == 0:
+        if n % 25 == 0:  # labelling reads every run again
             write_outputs(out, len(specs))
     write_outputs(out, len(specs))
 
