@@ -94,13 +94,18 @@ KINDS: dict[str, tuple[list[str], int]] = {
     "attention_collapse": (["loop", "hf", "lightning"], 9),
     "dead_ffn": (["loop", "hf", "lightning"], 11),
     "overfitting": (["loop", "hf", "lightning"], 9),
-    "fp16_overflow": (["deepspeed", "loop"], 11),
+    "fp16_overflow": (["deepspeed", "loop", "deepspeed"], 11),
     "plateau": (["loop", "hf", "deepspeed", "lightning"], 12),
     "memory_blowup": (["loop"], 10),
     "memory_leak": (["moe"], 8),
     "router_collapse": (["moe"], 9),
     "balance_loss_dominates": (["moe"], 11),
 }
+
+
+# more runs of the kinds whose cause shows least often in the logs, seeds from 2001, trained before
+# the last healthy runs
+EXTRA = {"balance_loss_dominates": 5, "plateau": 4, "fp16_overflow": 3, "loss_spike": 2}
 
 
 def _cycle(kind: str, axis: str, values: list, i: int):
@@ -119,7 +124,9 @@ def diverse_specs() -> list[Spec]:
     for kind, i in todo:
         seed += 1
         specs.append(_spec(kind, i, seed))
-    return specs
+    more = [(k, KINDS[k][1] + j) for j in range(max(EXTRA.values())) for k in EXTRA if j < EXTRA[k]]
+    extra = [_spec(kind, i, 2000 + n) for n, (kind, i) in enumerate(more, 1)]
+    return specs[:150] + extra + specs[150:]
 
 
 def _spec(kind: str, i: int, seed: int) -> Spec:
@@ -279,7 +286,7 @@ def _mechanism(kind: str, kw: dict, onset: int, i: int, hard: str) -> str:
         kw["bugs"] = {"lr_burst": (onset, 10**6, mult)}
         return f"fp16, lr x{mult:g} from step {onset} until the loss scale reaches its minimum"
     if kind == "plateau":
-        start, rate = [(15, 0.9), (20, 0.92), (10, 0.93)][i % 3]
+        start, rate = [(8, 0.88), (12, 0.9), (5, 0.85)][i % 3]
         kw["bugs"] = {"lr_decay": (start, rate)}
         kw["schedule"] = "constant" if kw["schedule"] == "cosine_restarts" else kw["schedule"]
         return f"lr decays {100 * (1 - rate):.0f} %/step from step {start} (a scheduler misconfiguration): the loss stalls high"
@@ -305,9 +312,9 @@ def _mechanism(kind: str, kw: dict, onset: int, i: int, hard: str) -> str:
         kw["experts"], kw["top_k"] = [8, 16, 4][i % 3], 1
         return f"at step {onset} the balance-loss coefficient becomes {coef:g} (a sign typo): one expert takes all"
     if kind == "balance_loss_dominates":
-        coef = [500.0, 1000.0, 300.0][i % 3]
-        kw["bugs"] = {"aux_coef": (onset // 2, coef)}  # after the 20 steps its rule takes as the baseline
-        return f"at step {onset // 2} the balance-loss coefficient becomes {coef:g}: the LM loss stalls"
+        coef, at = [1000.0, 3000.0, 500.0][i % 3], 22 + 4 * (i % 4)  # after its rule's 20-step baseline
+        kw["bugs"] = {"aux_coef": (at, coef)}
+        return f"at step {at} the balance-loss coefficient becomes {coef:g}: the LM loss stalls"
     raise ValueError(kind)
 
 
