@@ -357,7 +357,7 @@ def build(out: Path, jobs: int = 1, only: list[str] | None = None, limit: int | 
     out.mkdir(parents=True, exist_ok=True)
     specs = diverse_specs()
     done = {s.seed for s in read_specs(out)}  # a run done keeps its spec, whatever the plan says now
-    todo = [s for s in select(specs, only) if s.seed not in done][:limit]
+    todo = _alternate([s for s in select(specs, only) if s.seed not in done])[:limit]
     t0 = time.time()
     by_name = {s.name: s for s in todo}
     for n, (name, secs, cpu) in enumerate(_train_all(out, todo, jobs), 1):
@@ -394,6 +394,16 @@ def _timed(args: tuple[Path, Spec]) -> tuple[str, float, float]:
         if "Traceback (most recent call last)" in text and "loss scale already at minimum" not in text:
             raise RuntimeError(f"the trainer crashed: see {log}")
     return name, secs, cpu() - c0
+
+
+def _alternate(specs: list[Spec]) -> list[Spec]:
+    """Healthy and failing runs in turn (in plan order each), so that a build cut short has both."""
+    healthy = [s for s in specs if s.kind == "healthy"]
+    failing = [s for s in specs if s.kind != "healthy"]
+    out = []
+    for i in range(max(len(healthy), len(failing))):
+        out += healthy[i : i + 1] + failing[i : i + 1]
+    return out
 
 
 def _train_all(out: Path, todo: list[Spec], jobs: int):
