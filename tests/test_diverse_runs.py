@@ -5,8 +5,10 @@ and spike, and each failed run's onset is where its physical criterion puts it."
 
 from __future__ import annotations
 
+import hashlib
 import math
 import tomllib
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -15,8 +17,20 @@ from conftest import DATA, ingest_paths, q
 from workbench.store import Store
 
 DIVERSE = DATA / "diverse"
+MANIFEST = Path(__file__).resolve().parent.parent / "sample_runs" / "diverse_manifest.tsv"
 LABELS: dict[str, dict] = tomllib.loads((DIVERSE / "labels.toml").read_text())["runs"]
-FAMILY_KEYS = {"trainer", "optimizer", "size", "arch", "clip", "schedule", "precision", "dataset", "tags", "family"}
+FAMILY_KEYS = {
+    "trainer",
+    "optimizer",
+    "size",
+    "arch",
+    "clip",
+    "schedule",
+    "precision",
+    "dataset",
+    "tags",
+    "family",
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +65,19 @@ def test_every_run_is_ingested_with_its_label(diverse):
         assert got[run] == (e["outcome"], e.get("onset"), e.get("kind")), run
 
 
+def test_files_are_the_corpus_files_unchanged():
+    rows = [line.split("\t") for line in MANIFEST.read_text().splitlines()[1:]]
+    manifest = {path: (int(size), sha) for path, size, sha, *_ in rows}
+    for run in LABELS:
+        for f in (DIVERSE / run).rglob("*"):
+            if f.is_file():
+                path = str(f.relative_to(DIVERSE))
+                assert manifest[path] == (f.stat().st_size, hashlib.sha256(f.read_bytes()).hexdigest()), path
+
+
 def test_labels_carry_the_family_attributes():
     for run, e in LABELS.items():
-        assert FAMILY_KEYS <= e.keys(), run
+        assert e.keys() >= FAMILY_KEYS, run
         assert e["family"] == f"{e['trainer']}/{e['optimizer']}/{e['size']}"
         assert run.startswith(e["trainer"] + "/")
 
@@ -62,14 +86,16 @@ def test_heavy_clipping_clips_most_steps(diverse):
     run = hard("clip_0.25")
     assert LABELS[run]["clip"] == 0.25 and LABELS[run]["outcome"] == "healthy"
     g = series(diverse, run, "grad_norm")["value"]
-    assert len(g) > 50 and (g > 0.25).mean() > 0.5
+    assert len(g) >= 20 and (g > 0.25).mean() > 0.5
 
 
 def test_warm_restarts_put_the_lr_back_up(diverse):
     run = hard("warm_restarts")
     lr = series(diverse, run, "lr")["value"].to_list()
-    jumps = [i for i in range(1, len(lr)) if lr[i] > 3 * lr[i - 1]]
-    assert len(jumps) == 2  # restarts at a third and two thirds of the run
+    decay = next(i for i in range(1, len(lr)) if lr[i] < lr[i - 1])  # past the warm-up
+    jumps = [i for i in range(decay, len(lr)) if lr[i] > 3 * lr[i - 1]]
+    assert len(jumps) >= 2  # a restart every third of the run
+    assert all(lr[i] > 0.8 * max(lr) for i in jumps)  # back near the peak
 
 
 def test_fp16_skips_come_early_and_the_run_ends_healthy(diverse):
@@ -90,14 +116,11 @@ def test_recovered_spike_is_one_step(diverse):
     assert v[at] > 1.5 * before and v[at + 5] < 1.1 * before
 
 
-def test_resumed_run_has_two_writers_overlapping(diverse):
+def test_resumed_run_restarts_from_its_last_checkpoint(diverse):
     run = hard("resumed")
     kill = int(LABELS[run]["note"].split("killed (no clean exit) at step ")[1].split(",")[0])
-    files = q(diverse, f"SELECT files FROM runs WHERE run_id = '{run}'")["files"][0]
-    assert files >= 2
-    steps = q(diverse, f"SELECT step, count(DISTINCT wall_time) AS n FROM scalars WHERE run_id = '{run}' AND metric = 'loss' GROUP BY step")
-    redone = steps.filter(pl.col("n") > 1)["step"]
-    assert redone.min() >= kill // 50 * 50 and redone.max() < kill  # from the checkpoint to the kill
+    edges = q(diverse, f"SELECT kind, parent_run, parent_step FROM lineage WHERE child_run = '{run}'")
+    assert edges.rows() == [("resume", run, kill // 50 * 50)]
 
 
 def test_divergence_onset_is_the_first_non_finite_loss(diverse):
@@ -105,3 +128,18 @@ def test_divergence_onset_is_the_first_non_finite_loss(diverse):
     loss = series(diverse, run, "loss")
     first = loss.filter(~pl.col("value").is_finite())["step"][0]
     assert first == LABELS[run]["onset"]
+
+
+def test_filtered_divergence_shows_in_the_grad_norm_not_the_loss(diverse):
+    run = failed("divergence_nan_filtered")
+    assert LABELS[run]["trainer"] == "hf"
+    grad = series(diverse, run, "grad_norm")
+    assert grad.filter(~pl.col("value").is_finite())["step"][0] == LABELS[run]["onset"]
+    assert series(diverse, run, "loss")["value"].is_finite().all()  # the Trainer's NaN filter
+
+
+def test_memory_blowup_onset_is_the_rss_jump(diverse):
+    run = failed("memory_blowup")
+    rss = series(diverse, run, "memory_gb")
+    jump = rss.filter(pl.col("value").diff() > 3.0)["step"]
+    assert jump.to_list() == [LABELS[run]["onset"]]
