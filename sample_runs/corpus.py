@@ -48,7 +48,16 @@ def _variants() -> list[tuple[str, Spec]]:
         out.append(
             (
                 "deepspeed",
-                Spec("", kind, story, seed=seed, steps=kw.pop("steps", N), trainer="deepspeed", **kw),
+                Spec(
+                    "",
+                    kind,
+                    story,
+                    seed=seed,
+                    steps=kw.pop("steps", N),
+                    trainer="deepspeed",
+                    writers=("jsonl",),
+                    **kw,
+                ),
             )
         )
 

@@ -4,6 +4,8 @@
     python sample_runs/generate.py                  # all runs, then labels.toml and README.md
     python sample_runs/generate.py --only overfit   # one run
     python sample_runs/labels.py                    # labels.toml and README.md from the runs as they are
+    python sample_runs/generate.py --corpus DIR     # the ~50-run evaluation corpus (corpus.py)
+    python sample_runs/generate.py --diverse DIR    # the labelled corpus diverse by construction (diverse.py)
 
 Every failure is produced by a training-time mechanism (a schedule bug, a config change, a
 frozen-and-decaying parameter group, a leak), never painted onto the curves. Labels are then
@@ -22,6 +24,7 @@ import shutil
 import time
 from pathlib import Path
 
+import diverse
 from corpus import build
 from labels import write_labels_and_readme
 from specs import RECOVERY, SPECS
@@ -33,13 +36,24 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", nargs="*", help="run names to regenerate (default: all)")
+    ap.add_argument(
+        "--only",
+        nargs="*",
+        help="run names to regenerate (default: all); with --diverse: kinds or family values",
+    )
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("--corpus", type=Path, help="write the evaluation corpus there instead (corpus.py)")
-    ap.add_argument("--jobs", type=int, default=2, help="runs at a time for --corpus")
+    ap.add_argument("--diverse", type=Path, help="write the diverse labelled corpus there (diverse.py)")
+    ap.add_argument("--limit", type=int, help="--diverse: train at most this many new runs")
+    ap.add_argument(
+        "--jobs", type=int, help="runs at a time for --corpus (default 2) or --diverse (default 1)"
+    )
     args = ap.parse_args()
     if args.corpus:
-        build(args.corpus, args.jobs)
+        build(args.corpus, args.jobs or 2)
+        return
+    if args.diverse:
+        diverse.build(args.diverse, args.jobs or 1, args.only, args.limit)
         return
     import torch
 

@@ -75,10 +75,12 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    def __init__(self, d: int = D_MODEL, layers: int = LAYERS, heads: int = HEADS, vocab: int = VOCAB):
+    def __init__(
+        self, d: int = D_MODEL, layers: int = LAYERS, heads: int = HEADS, vocab: int = VOCAB, seq: int = SEQ
+    ):
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
-        self.pos = nn.Embedding(SEQ, d)
+        self.pos = nn.Embedding(seq, d)
         self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
@@ -97,10 +99,103 @@ class TinyLM(nn.Module):
         loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
         return {"loss": loss, "logits": logits}
 
+    # what the failure mechanisms of the trainers act on (freeze-and-decay), per architecture
+    def output_params(self) -> list[torch.Tensor]:
+        return [self.ln_f.weight, self.head.weight]
 
-def layer_grad_norms(model: TinyLM) -> dict[str, float]:
+    def embedding_params(self) -> list[torch.Tensor]:
+        return [self.tok.weight, self.pos.weight]
+
+    def layer_groups(self) -> list[list[torch.Tensor]]:
+        return [list(blk.parameters()) for blk in self.blocks]
+
+
+def _lm_loss(logits: torch.Tensor, labels: torch.Tensor | None) -> dict:
+    if labels is None:
+        return {"logits": logits}
+    loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
+    return {"loss": loss, "logits": logits}
+
+
+class LSTMLM(nn.Module):
+    """A word-level-LM-style LSTM (no attention): embedding, stacked LSTM, LayerNorm, head."""
+
+    def __init__(self, d: int = D_MODEL, layers: int = LAYERS, vocab: int = VOCAB):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.lstm = nn.LSTM(d, d, num_layers=layers, batch_first=True)
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.layers = layers
+        self.stats: dict[str, float] = {}
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
+        h, _ = self.lstm(self.tok(input_ids))
+        self.stats = {"ln_input_std": token_std(h)}
+        return _lm_loss(self.head(self.ln_f(h)), labels)
+
+    def output_params(self) -> list[torch.Tensor]:
+        return [self.ln_f.weight, self.head.weight]
+
+    def embedding_params(self) -> list[torch.Tensor]:
+        return [self.tok.weight]
+
+    def layer_groups(self) -> list[list[torch.Tensor]]:
+        return [
+            [p for n, p in self.lstm.named_parameters() if n.endswith(f"_l{i}")] for i in range(self.layers)
+        ]
+
+
+class MLPLM(nn.Module):
+    """A fixed-window MLP LM (Bengio-style): the last `context` token embeddings, concatenated,
+    through `layers` GELU layers to the next-token logits."""
+
+    def __init__(self, d: int = D_MODEL, layers: int = LAYERS, vocab: int = VOCAB, context: int = 8):
+        super().__init__()
+        self.context = context
+        self.tok = nn.Embedding(vocab, d)
+        widths = [context * d] + [4 * d] * layers
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:], strict=False))
+        self.ln_f = nn.LayerNorm(widths[-1])
+        self.head = nn.Linear(widths[-1], vocab, bias=False)
+        self.stats: dict[str, float] = {}
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
+        b, t = input_ids.shape
+        x = self.tok(nn.functional.pad(input_ids, (self.context - 1, 0)))  # (b, t + c - 1, d)
+        x = x.unfold(1, self.context, 1).transpose(2, 3).reshape(b, t, -1)  # (b, t, c * d)
+        stats = {}
+        for i, lin in enumerate(self.hidden):
+            stats[f"ffn_input_std/layer_{i}"] = token_std(x)
+            x = nn.functional.gelu(lin(x))
+            stats[f"ffn_act_mean/layer_{i}"] = x.detach().mean().item()
+        self.stats = stats
+        return _lm_loss(self.head(self.ln_f(x)), labels)
+
+    def output_params(self) -> list[torch.Tensor]:
+        return [self.ln_f.weight, self.head.weight]
+
+    def embedding_params(self) -> list[torch.Tensor]:
+        return [self.tok.weight]
+
+    def layer_groups(self) -> list[list[torch.Tensor]]:
+        return [list(lin.parameters()) for lin in self.hidden]
+
+
+LM = TinyLM | LSTMLM | MLPLM  # what the trainers drive: loss dict, .stats, parameter groups
+
+
+def build_model(arch: str, d: int, layers: int, heads: int, vocab: int, seq: int) -> LM:
+    if arch == "lstm":
+        return LSTMLM(d, layers, vocab)
+    if arch == "mlp":
+        return MLPLM(d, layers, vocab)
+    return TinyLM(d, layers, heads, vocab, seq)
+
+
+def layer_grad_norms(model: LM) -> dict[str, float]:
     out = {}
-    for i, blk in enumerate(model.blocks):
-        sq = sum(float(p.grad.detach().float().pow(2).sum()) for p in blk.parameters() if p.grad is not None)
+    for i, group in enumerate(model.layer_groups()):
+        sq = sum(float(p.grad.detach().float().pow(2).sum()) for p in group if p.grad is not None)
         out[f"grad_norm/layer_{i}"] = math.sqrt(sq)
     return out

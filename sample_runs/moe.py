@@ -36,7 +36,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from specs import SPEC_ENV, MoESpec
-from training import Loggers, lr_at, rss_gb, save_checkpoint
+from training import Loggers, lr_at, make_optimizer, rss_gb, save_checkpoint
 
 HERE = Path(__file__).resolve().parent
 
@@ -65,25 +65,27 @@ def router_lr_mult(spec: MoESpec, step: int) -> float:
 
 def train_moe(spec: MoESpec, run: Path) -> None:
     import torch
-    from model import TinyLM, layer_grad_norms, make_language, sample_sequences
+    from data import sequences, vocab_size
+    from model import SEQ, build_model, layer_grad_norms
     from moe_model import MoETinyLM
 
     torch.manual_seed(spec.seed)
-    chain = make_language(1234)
-    train = sample_sequences(chain, spec.train_size, seed=spec.seed)
-    evalset = sample_sequences(chain, 256, seed=999)
-    probe = sample_sequences(chain, spec.probe_seqs, seed=998) if spec.probe_seqs else None
+    train, evalset = sequences(spec.dataset, spec.train_size, spec.seed)
+    probe = sequences(spec.dataset, spec.probe_seqs, seed=998)[0] if spec.probe_seqs else None
     moe = spec.experts > 0
+    vocab = vocab_size(spec.dataset)
     model = (
-        MoETinyLM(d=spec.d_model, experts=spec.experts, top_k=spec.top_k) if moe else TinyLM(d=spec.d_model)
+        MoETinyLM(d=spec.d_model, experts=spec.experts, top_k=spec.top_k, layers=spec.layers, vocab=vocab)
+        if moe
+        else build_model(spec.arch, spec.d_model, spec.layers, spec.heads, vocab, SEQ)
     )
     routers = model.router_parameters() if moe else []
     ids = {id(p) for p in routers}
     groups = [{"params": [p for p in model.parameters() if id(p) not in ids]}]
     if moe:
         groups.append({"params": routers})
-    opt = torch.optim.AdamW(groups, lr=spec.lr, weight_decay=spec.weight_decay)
-    logs = Loggers(run, spec.writers)
+    opt = make_optimizer(spec, groups)
+    logs = Loggers(run, spec.writers, scheme=spec.tags)
     if logs.tb is not None:
         hp = {"lr": spec.lr, "d_model": spec.d_model, "seed": spec.seed, "batch_size": spec.batch}
         if moe:

@@ -70,8 +70,16 @@ class MoEBlock(Block):
 
 
 class MoETinyLM(TinyLM):
-    def __init__(self, d: int = 32, experts: int = 8, top_k: int = 1, hidden: int | None = None):
-        super().__init__(d=d)
+    def __init__(
+        self,
+        d: int = 32,
+        experts: int = 8,
+        top_k: int = 1,
+        hidden: int | None = None,
+        layers: int = 2,
+        vocab: int = 32,
+    ):
+        super().__init__(d=d, layers=layers, vocab=vocab)
         hidden = hidden or 2 * d
         self.blocks = nn.ModuleList(MoEBlock(d, blk.heads, experts, top_k, hidden) for blk in self.blocks)
 

@@ -32,6 +32,19 @@ class Spec:
     ds_config: dict = field(default_factory=dict)  # changes to DS_CONFIG; None drops a key
     console: str = ""  # the HF/TRL trainer runs in its own process, its console output goes here
     hf_args: dict = field(default_factory=dict)  # changes to the HF TrainingArguments
+    # what the diverse corpus (diverse.py) varies; the defaults are the committed runs'
+    arch: str = "transformer"  # transformer | lstm | mlp (model.build_model)
+    layers: int = 2
+    heads: int = 2
+    optimizer: str = "adamw"  # adamw | adam | sgd | rmsprop | adafactor (training.make_optimizer)
+    schedule: str = "cosine10"  # training.scheduled_lr
+    warmup: int = 20
+    batch: int = 16
+    log_every: int = 1  # steps between logged training points (the loss is their mean)
+    tags: str = "slash"  # tag naming scheme (training.TAG_SCHEMES)
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler, or DeepSpeed's)
+    dataset: str = "markov"  # data.DATASETS
+    family: dict = field(default_factory=dict)  # the diverse corpus's family attributes (labels.toml)
 
 
 @dataclass
@@ -41,7 +54,6 @@ class MoESpec(Spec):
     top_k: int = 1
     aux_coef: float = 0.01  # Switch Transformer's default
     bias_rate: float = 0.0  # > 0: DeepSeek-V3 aux-loss-free balancing, bias step per update
-    batch: int = 16
     probe_seqs: int = 0  # a per-step probe-loss metric on this many held-out sequences
     memory_budget_gb: float = 0.0  # > 0: run under the supervisor, killed past the budget
 
@@ -58,6 +70,7 @@ SPECS = [
         "a healthy DeepSpeed fp16 ZeRO-1 run",
         seed=3,
         trainer="deepspeed",
+        writers=("jsonl",),
     ),
     Spec(
         "diverge_nan",
@@ -119,6 +132,7 @@ SPECS = [
         "reaches its minimum and DeepSpeed exits",
         seed=11,
         trainer="deepspeed",
+        writers=("jsonl",),
         bugs={"lr_burst": (60, STEPS, 1e4)},
     ),
     Spec(
@@ -152,6 +166,7 @@ SPECS = [
         "step-200 DeepSpeed checkpoint (engine.load_checkpoint): two consoles, each starting at step=0",
         seed=15,
         trainer="deepspeed",
+        writers=("jsonl",),
         bugs={"kill_at": 230},
     ),
     Spec(
@@ -161,6 +176,7 @@ SPECS = [
         "train_batch_size in ds_config, wall_clock_breakdown on: no step= lines, the monitor counts samples",
         seed=16,
         trainer="deepspeed",
+        writers=("jsonl",),
         ds_config={
             "train_batch_size": None,
             "steps_per_print": None,

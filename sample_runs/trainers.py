@@ -15,9 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+from lightning_trainer import run_lightning
 from moe import run_moe
 from specs import RECOVERY, SPEC_ENV, SPECS, Spec
-from training import Loggers, first_step, lr_at, rss_gb, save_checkpoint
+from training import Loggers, apply_bugs, first_step, lr_at, make_optimizer, rss_gb, save_checkpoint
 
 
 def train_loop(
@@ -27,18 +28,24 @@ def train_loop(
     text_name: str = "stdout.log",
     parent: dict | None = None,
 ) -> None:
-    """Plain PyTorch training with the guides' instrumentation."""
+    """Plain PyTorch training with the guides' instrumentation, in the spec's model, optimizer,
+    precision, batch size, logging interval and tag names."""
     import torch
-    from model import TinyLM, layer_grad_norms, make_language, sample_sequences
+    from data import sequences, vocab_size
+    from model import SEQ, build_model, layer_grad_norms
 
     torch.manual_seed(spec.seed)
-    chain = make_language(1234)
-    train = sample_sequences(chain, spec.train_size, seed=spec.seed)
-    evalset = sample_sequences(chain, 256, seed=999)
-    model = TinyLM(d=spec.d_model)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+    train, evalset = sequences(spec.dataset, spec.train_size, spec.seed)
+    model = build_model(spec.arch, spec.d_model, spec.layers, spec.heads, vocab_size(spec.dataset), SEQ)
+    opt = make_optimizer(spec, model.parameters())
+    # Megatron-style large initial scale: the first steps overflow until the scale settles
+    scaler = (
+        torch.amp.GradScaler("cpu", init_scale=2.0**24, growth_interval=100)
+        if spec.precision == "fp16"
+        else None
+    )
     start = 0
-    logs = Loggers(run, spec.writers, text_name)
+    logs = Loggers(run, spec.writers, text_name, spec.tags)
     if resume:
         state = torch.load(resume[0])
         model.load_state_dict(state["model"])
@@ -46,72 +53,105 @@ def train_loop(
         start = resume[1]
         logs.say(f"Loading checkpoint from {resume[0].relative_to(run.parent)}")
     g = torch.Generator().manual_seed(spec.seed * 1000 + start)
-    leak = []
+    leak: list = []
     frozen: list = []
+    nan_seen = None
+    losses: list[float] = []
     b = spec.bugs
     for step in range(start, spec.steps):
         if b.get("kill_at") == step and not resume:
             logs.close()
             return  # the process is gone: no final save, no summary
-        if "attn_temperature" in b and step == b["attn_temperature"][0]:
-            for blk in model.blocks:
-                blk.attn_temperature = b["attn_temperature"][1]
-        if "freeze_decay" in b and step == b["freeze_decay"][0]:
-            group = b["freeze_decay"][1]
-            frozen = (
-                [model.ln_f.weight, model.head.weight]
-                if group == "output"
-                else [model.tok.weight, model.pos.weight]
-            )
-            for p in frozen:
-                p.requires_grad_(False)
-        if "leak_gb" in b and step == b["leak_gb"][0]:
-            leak.append(torch.ones(int(b["leak_gb"][1] * 1e9 / 4)))
+        frozen = apply_bugs(spec, model, step, frozen, leak)
         for grp in opt.param_groups:
             grp["lr"] = lr_at(spec, step)
         t0 = time.perf_counter()
-        batch = train[torch.randint(0, len(train), (16,), generator=g)]
-        out = model(batch[:, :-1], batch[:, 1:])
-        opt.zero_grad(set_to_none=True)
-        out["loss"].backward()
-        params = [p for p in model.parameters() if p.grad is not None]
-        grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(params, spec.clip if spec.clip > 0 else float("inf"))
-        )
+        batch = train[torch.randint(0, len(train), (spec.batch,), generator=g)]
+        if b.get("bad_batch") == step:  # one corrupt batch (uniform random tokens): a one-step spike
+            batch = torch.randint(0, vocab_size(spec.dataset), batch.shape, generator=g)
+        grad_norm, loss = loop_step(spec, model, opt, scaler, batch)
         layer_norms = layer_grad_norms(model)
-        opt.step()
         with torch.no_grad():
             for p in frozen:
                 p.mul_(b["freeze_decay"][2])
         dt = time.perf_counter() - t0
-        metrics = {
-            "train/loss": float(out["loss"].detach()),
-            "train/lr": lr_at(spec, step),
-            "train/grad_norm": grad_norm,
-            **layer_norms,
-            **model.stats,
-            "throughput/tokens_per_sec": batch[:, :-1].numel() / dt,
-            "memory/rss_gb": rss_gb(),
-        }
-        if step % spec.eval_every == 0 or step == spec.steps - 1:
-            with torch.no_grad():
-                ev = model(evalset[:, :-1], evalset[:, 1:])
-            metrics["eval/loss"] = float(ev["loss"])
-        logs.log(step, spec.steps, metrics)
+        losses.append(loss)
+        last = step == spec.steps - 1
+        is_eval = step % spec.eval_every == 0 or last
+        if not math.isfinite(loss) and nan_seen is None:
+            nan_seen = step  # a watchdog stops the job 20 steps after the first NaN (fp16: the scale's floor)
+        stop_nan = nan_seen is not None and step >= nan_seen + 20 and scaler is None
+        stop_scale = scaler is not None and scaler.get_scale() < MIN_LOSS_SCALE
+        if step % spec.log_every == 0 or is_eval or stop_nan or stop_scale:  # the step it stops at too
+            metrics = {
+                "train/loss": sum(losses) / len(losses),
+                "train/lr": lr_at(spec, step),
+                "train/grad_norm": grad_norm,
+                **layer_norms,
+                **model.stats,
+                "throughput/tokens_per_sec": batch[:, :-1].numel() / dt,
+                "memory/rss_gb": rss_gb(),
+            }
+            if scaler is not None:
+                metrics["train/loss_scale"] = scaler.get_scale()
+            if is_eval:
+                with torch.no_grad(), autocast(spec):
+                    metrics["eval/loss"] = float(model(evalset[:, :-1], evalset[:, 1:])["loss"])
+            logs.log(step, spec.steps, metrics)
+            losses = []
         if step % 50 == 0 and step > start:
             save_checkpoint(model, opt, run, spec, step, parent)
-        if not math.isfinite(metrics["train/loss"]) and not hasattr(spec, "_nan_seen"):
-            spec._nan_seen = step  # a watchdog stops the job 20 steps after the first NaN
-        if getattr(spec, "_nan_seen", None) is not None and step >= spec._nan_seen + 20:
-            logs.say(f"watchdog: loss is NaN since step {spec._nan_seen}; stopping")
+        if stop_nan:
+            logs.say(f"watchdog: loss is NaN since step {nan_seen}; stopping")
+            break
+        if stop_scale:
+            logs.say(
+                f"step {step}: loss scale {scaler.get_scale():g} fell below its minimum {MIN_LOSS_SCALE:g}; stopping"
+            )
             break
     logs.close()
 
 
+MIN_LOSS_SCALE = 1.0  # the plain loop stops there, as DeepSpeed's min_loss_scale does
+
+
+def autocast(spec: Spec):
+    """bf16 / fp16 autocast on the CPU for the spec's precision (a no-op context for fp32)."""
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+    return torch.autocast("cpu", dtype=dtype, enabled=dtype is not None)
+
+
+def loop_step(spec: Spec, model, opt, scaler, batch) -> tuple[float, float]:
+    """One optimizer step: (grad norm before clipping, loss). With fp16 the GradScaler skips a
+    step whose gradients overflow (its grad norm is then Inf) and halves the scale."""
+    import torch
+
+    with autocast(spec):
+        out = model(batch[:, :-1], batch[:, 1:])
+    opt.zero_grad(set_to_none=True)
+    if scaler is None:
+        out["loss"].backward()
+    else:
+        scaler.scale(out["loss"]).backward()
+        scaler.unscale_(opt)
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, spec.clip if spec.clip > 0 else float("inf")))
+    if scaler is None:
+        opt.step()
+    else:
+        scaler.step(opt)
+        scaler.update()
+    return grad_norm, float(out["loss"].detach())
+
+
 def run_resumed_after_kill(spec: Spec, run: Path) -> None:
-    train_loop(spec, run)  # killed at step 230
+    """Killed at bugs["kill_at"], resumed in the same folder from the checkpoint before it."""
+    train_loop(spec, run)
     time.sleep(1.1)  # a new writer: a later file name and wall time, as after a real restart
-    train_loop(spec, run, resume=(run / "checkpoints/ckpt_200.pt", 200), text_name="resume.stdout.log")
+    ckpt = spec.bugs["kill_at"] // 50 * 50
+    train_loop(spec, run, resume=(run / f"checkpoints/ckpt_{ckpt}.pt", ckpt), text_name="resume.stdout.log")
 
 
 def run_recovery(parent_run: Path, run: Path) -> None:
@@ -139,13 +179,15 @@ def run_recovery(parent_run: Path, run: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------
 def run_hf(spec: Spec, run: Path) -> None:
-    """The HF Trainer on the same model: trainer_state.json, checkpoint-N/, runs/<stamp>/."""
+    """The HF Trainer on the same model: trainer_state.json, checkpoint-N/, runs/<stamp>/. A run
+    of the diverse corpus (spec.family) brings its own model, data, optimizer and schedule; its
+    bugs act through a callback."""
     import torch
-    from model import TinyLM, make_language, sample_sequences
-    from transformers import Trainer, TrainingArguments
+    from data import sequences, vocab_size
+    from model import SEQ, build_model
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     torch.manual_seed(spec.seed)
-    chain = make_language(1234)
 
     class Seqs(torch.utils.data.Dataset):
         def __init__(self, data):
@@ -157,16 +199,30 @@ def run_hf(spec: Spec, run: Path) -> None:
         def __getitem__(self, i):
             return {"input_ids": self.data[i, :-1], "labels": self.data[i, 1:]}
 
-    model = TinyLM(d=spec.d_model)
+    class Bugs(TrainerCallback):
+        """The spec's bugs at their steps (the loop's apply_bugs), frozen parameters decaying."""
+
+        frozen: list = []
+        leak: list = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.frozen = apply_bugs(spec, model, state.global_step, self.frozen, self.leak)
+
+        def on_step_end(self, args, state, control, **kw):
+            with torch.no_grad():
+                for p in self.frozen:
+                    p.mul_(spec.bugs["freeze_decay"][2])
+
+    model = build_model(spec.arch, spec.d_model, spec.layers, spec.heads, vocab_size(spec.dataset), SEQ)
     optimizers = (None, None)
-    if spec.bugs:  # the run's own schedule, with its bug, as a LambdaLR
-        opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+    if spec.bugs or spec.family:  # the run's own optimizer and schedule (with its bug), a LambdaLR
+        opt = make_optimizer(spec, model.parameters())
         optimizers = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(spec, s) / spec.lr))
     args = TrainingArguments(
         **{
             "output_dir": str(run),
             "max_steps": spec.steps,
-            "per_device_train_batch_size": 16,
+            "per_device_train_batch_size": spec.batch,
             "learning_rate": spec.lr,
             "weight_decay": spec.weight_decay,
             "warmup_steps": 20,
@@ -185,13 +241,15 @@ def run_hf(spec: Spec, run: Path) -> None:
             **spec.hf_args,
         }
     )
-    evalset = Seqs(sample_sequences(chain, 256, 999))
+    train, evaldata = sequences(spec.dataset, spec.train_size, spec.seed)
+    evalset = Seqs(evaldata)
     trainer = Trainer(
         model=model,
         args=args,
-        train_dataset=Seqs(sample_sequences(chain, spec.train_size, spec.seed)),
+        train_dataset=Seqs(train),
         eval_dataset=evalset,
         optimizers=optimizers,
+        callbacks=[Bugs()] if spec.bugs else [],
     )
     trainer.train()
     trainer.save_state()
@@ -353,13 +411,14 @@ def run_deepspeed(spec: Spec, run: Path) -> None:
 def deepspeed_worker(spec: Spec, resume: bool) -> None:
     import deepspeed
     import torch
+    from data import sequences, vocab_size
     from deepspeed.accelerator import get_accelerator
-    from model import TinyLM, make_language, sample_sequences
+    from model import SEQ, build_model
 
     # the CPU accelerator reports fp16 unsupported; its kernels run fp16 fine for this model
     get_accelerator().is_fp16_supported = lambda: True
     torch.manual_seed(spec.seed)
-    config = {k: v for k, v in {**DS_CONFIG, **spec.ds_config}.items() if v is not None}
+    config = {k: v for k, v in {**ds_config_for(spec), **spec.ds_config}.items() if v is not None}
     Path("ds_config.json").write_text(json.dumps(config, indent=2))
 
     class LossOnly(torch.nn.Module):
@@ -372,47 +431,70 @@ def deepspeed_worker(spec: Spec, resume: bool) -> None:
         def forward(self, x, y):
             return self.lm(x, y)["loss"]
 
-    lm = TinyLM(d=spec.d_model)
-    opt = torch.optim.AdamW(lm.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+    lm = build_model(spec.arch, spec.d_model, spec.layers, spec.heads, vocab_size(spec.dataset), SEQ)
+    opt = make_optimizer(spec, lm.parameters())
     engine, opt, _, _ = deepspeed.initialize(model=LossOnly(lm), optimizer=opt, config=config)
     start = 0
     if resume:
         engine.load_checkpoint("ckpt")  # the 'latest' tag
         start = engine.global_steps
-    chain = make_language(1234)
-    train = sample_sequences(chain, spec.train_size, seed=spec.seed)
+    train = sequences(spec.dataset, spec.train_size, spec.seed)[0]
     g = torch.Generator().manual_seed(spec.seed + 1000 * start)  # a resumed process reseeds its data order
-    logs = Loggers(Path("."), ("jsonl",))
+    logs = Loggers(Path("."), tuple(w for w in spec.writers if w == "jsonl"), scheme=spec.tags)
+    losses: list[float] = []
     for step in range(start, spec.steps):
         if spec.bugs.get("kill_at") == step and not resume:
             os.kill(os.getpid(), signal.SIGKILL)  # no clean exit: buffers are lost, as on a node failure
         for grp in opt.param_groups:
             grp["lr"] = lr_at(spec, step)
-        losses = []
         for _ in range(engine.gradient_accumulation_steps()):
-            batch = train[torch.randint(0, len(train), (16,), generator=g)]
+            batch = train[torch.randint(0, len(train), (spec.batch,), generator=g)]
             loss = engine(batch[:, :-1], batch[:, 1:])
             engine.backward(loss)
             engine.step()
             losses.append(float(loss.detach().float()))
-        grad_norm = engine.get_global_grad_norm()
-        logs.log(
-            engine.global_steps,
-            spec.steps,
-            {  # DeepSpeed's own step numbering (1-based)
+        last_loss = losses[-1]
+        diverged = not math.isfinite(last_loss) and "fp16" not in config  # fp16 stops at its minimum scale
+        if engine.global_steps % spec.log_every == 0 or step == spec.steps - 1 or diverged:
+            grad_norm = engine.get_global_grad_norm()
+            metrics = {  # DeepSpeed's own step numbering (1-based)
                 "train/loss": sum(losses) / len(losses),
                 "train/lr": lr_at(spec, step),
                 "train/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-                "train/loss_scale": float(
-                    getattr(opt, "cur_scale", getattr(opt, "loss_scale", float("nan")))
-                ),
                 **lm.stats,
                 "memory/rss_gb": rss_gb(),
-            },
-        )
-        logs.jsonl.flush()
+            }
+            if "fp16" in config:
+                metrics["train/loss_scale"] = float(
+                    getattr(opt, "cur_scale", getattr(opt, "loss_scale", float("nan")))
+                )
+            logs.log(engine.global_steps, spec.steps, metrics)
+            losses = []
+            if logs.jsonl:
+                logs.jsonl.flush()
         if engine.global_steps % 50 == 0 and engine.global_steps > 0:
             engine.save_checkpoint("ckpt")
+        if diverged:  # the watchdog logs the step it stops at
+            print(f"watchdog: loss is not finite at step {engine.global_steps}; stopping", flush=True)
+            break
+
+
+def ds_config_for(spec: Spec) -> dict:
+    """DS_CONFIG in the spec's batch size, clipping and precision (fp16 / bf16 / fp32)."""
+    config = {
+        **DS_CONFIG,
+        "train_batch_size": spec.batch,
+        "train_micro_batch_size_per_gpu": spec.batch,
+        "steps_per_print": max(10, spec.log_every),
+        "gradient_clipping": spec.clip,
+    }
+    if spec.optimizer not in ("adam", "adamw"):  # ZeRO refuses other client optimizers without it
+        config["zero_allow_untested_optimizer"] = True
+    if spec.precision != "fp16":
+        del config["fp16"]
+    if spec.precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    return config
 
 
 def generate_run(spec: Spec, out: Path) -> None:
@@ -429,10 +511,12 @@ def generate_run(spec: Spec, out: Path) -> None:
         run_keras(spec, run)
     elif spec.trainer == "deepspeed":
         run_deepspeed(spec, run)
-    elif spec.name == "resumed_after_kill":
+    elif spec.trainer == "loop" and "kill_at" in spec.bugs:
         run_resumed_after_kill(spec, run)
     elif spec.trainer == "moe":
         run_moe(spec, run)
+    elif spec.trainer == "lightning":
+        run_lightning(spec, run)
     else:
         train_loop(spec, run)
     print(f"{spec.name}: {time.time() - t0:.0f}s", flush=True)
