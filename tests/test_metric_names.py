@@ -44,22 +44,23 @@ def test_meaning_whatever_the_case_separators_and_parts():
     assert metric_of(
         "Loss/Train", "TRAIN_LOSS", "train-loss", "loss/train_step", "train/batch_loss", "epoch_loss",
         "Loss/Val", "val/loss", "validation/epoch_loss", "eval-loss", "test_loss", "val_loss_epoch",
-        "Grad/total_norm", "gradNorm", "optim/total_grad_norm", "grad-norm",
+        "Grad/total_norm", "gradNorm", "optim/total_grad_norm", "grad-norm", "grad_2.0_norm_total",
     ) == {
         "Loss/Train": "loss", "TRAIN_LOSS": "loss", "train-loss": "loss", "loss/train_step": "loss",
         "train/batch_loss": "loss", "epoch_loss": "loss",
         "Loss/Val": "eval_loss", "val/loss": "eval_loss", "validation/epoch_loss": "eval_loss",
         "eval-loss": "eval_loss", "test_loss": "eval_loss", "val_loss_epoch": "eval_loss",
         "Grad/total_norm": "grad_norm", "gradNorm": "grad_norm", "optim/total_grad_norm": "grad_norm",
-        "grad-norm": "grad_norm",
+        "grad-norm": "grad_norm", "grad_2.0_norm_total": "grad_norm",
     }  # fmt: skip
     # other quantities stay apart: an epoch mean beside a `_step` series, per-token NLL, a
     # per-layer norm, a perplexity, a loss scale
     assert metric_of(
-        "train_loss_epoch", "val_loss_step", "nll_loss", "grad_norm/layer_0", "val_ppl", "loss scale"
+        "train_loss_epoch", "val_loss_step", "nll_loss", "grad_norm/layer_0", "val_ppl", "loss scale",
+        "grad_2.0_norm/layer.0.weight",
     ) == {
         "train_loss_epoch": None, "val_loss_step": None, "nll_loss": None, "grad_norm/layer_0": None,
-        "val_ppl": None, "loss scale": "loss_scale",
+        "val_ppl": None, "loss scale": "loss_scale", "grad_2.0_norm/layer.0.weight": None,
     }  # fmt: skip
 
 

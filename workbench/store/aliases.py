@@ -27,7 +27,10 @@ EVAL = r"(?:eval|evaluation|val|valid|validation|test)"
 LOSS = r"(?:(?:lm|total|cross_entropy|ce)_)?loss"
 KERAS = r"(?:(?:epoch|batch)_)?"  # Keras names its series epoch_loss, batch_loss
 OPTIM = r"(?:(?:train|training|optim|optimizer)_)?"
-GRAD_NORM = r"(?:(?:total|global)_)?(?:grad|grads|gradient)_?(?:l2_)?norm(?:_total)?|grad_total_norm|gnorm"
+# Lightning's grad_norm() logs the total 2-norm as grad_2.0_norm_total (words: grad_2_0_norm_total)
+GRAD_NORM = (
+    r"(?:(?:total|global)_)?(?:grad|grads|gradient)_?(?:l2_|2_0_|2_)?norm(?:_total)?|grad_total_norm|gnorm"
+)
 BUILTIN: list[tuple[str, str]] = [
     # a train/val/eval part before or after the loss word; Lightning's `_step` series is the
     # training loss (its `_epoch` mean beside it is not: it would double every epoch's last
