@@ -10,7 +10,6 @@ a StoreError and leaves the previous generation in force.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,8 +36,8 @@ def disk_full_is_a_store_error(root: Path):
     """ENOSPC (and quota) from any writer below becomes one message that says what to do."""
     try:
         yield
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT) and "No space left" not in str(e):
+    except Exception as e:
+        if not commit_mod.is_disk_full(e):
             raise
         raise StoreError(
             f"disk full while writing the store at {root}: nothing of this run was published and the "
