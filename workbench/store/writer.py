@@ -324,6 +324,21 @@ class StoreWriter:
             alerts.with_columns(source=pl.lit(source)),
         )
 
+    def set_deliveries(self, rows: list[dict]) -> None:
+        """Record what a watch did with these alerts (DELIVERIES rows; one per alert id, the
+        latest wins)."""
+        if rows:
+            bad = {r["outcome"] for r in rows} - set(schema.DELIVERY_OUTCOMES)
+            if bad:
+                raise ValueError(f"delivery outcome must be one of {schema.DELIVERY_OUTCOMES}, got {bad}")
+            ids = pl.Series([r["alert_id"] for r in rows], dtype=pl.String)
+            self._replace("deliveries", ~pl.col("alert_id").is_in(ids.implode()), rows)
+
+    def set_watched(self, roots: list[str], since: float) -> None:
+        """These folders are followed by a watch from `since` on (kept: the earliest)."""
+        known = set(self.table("watched")["root"].to_list())
+        self.add("watched", [{"root": r, "since": since} for r in roots if r not in known])
+
     def set_labels(self, origin: str, rows: list[dict]) -> None:
         """Replace the labels that came from `origin` (a labels.toml, or the CLI for one run)."""
         keep = pl.col("origin") != origin
