@@ -267,6 +267,11 @@ class Dispatch:
                 }
             )
 
+    def under_way(self, key: str) -> bool:
+        """Whether the alert with this id is with the notifiers now."""
+        with self._lock:
+            return key in self._open
+
     def records(self) -> list[dict]:
         with self._lock:
             out, self._records = self._records, []
