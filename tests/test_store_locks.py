@@ -94,9 +94,8 @@ def test_a_killed_readers_lease_keeps_nothing(tmp_path):
 def test_a_second_writer_names_the_first(tmp_path):
     store = Store(tmp_path / "store")
     t0 = time.time()
-    with store.writer(), pytest.raises(StoreError) as e:
-        with store.writer(wait_s=0.3):
-            pass
+    with store.writer(), pytest.raises(StoreError) as e, store.writer(wait_s=0.3):
+        pass
     msg = str(e.value)
     assert f"another ingest (pid {os.getpid()} on {socket.gethostname()}" in msg
     assert "since " + time.strftime("%Y-%m-%d %H:%M", time.localtime(t0)) in msg
