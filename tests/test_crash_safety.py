@@ -65,7 +65,10 @@ def test_kill_9_at_random_moments_then_reingest_completes(big_tree, tmp_path):
 def test_second_ingest_waits_then_fails_with_a_message(tmp_path):
     store = Store(tmp_path / "store")
     tbx_scalars(tmp_path / "runs/a", {"loss": [(0, 1.0)]})
-    with store.writer(), pytest.raises(StoreError, match=r"another ingest \(pid \d+\)"):
+    with (
+        store.writer(),
+        pytest.raises(StoreError, match=r"another ingest \(pid \d+ on [^,]+, .*since \d{4}-"),
+    ):
         ingest_paths(store, tmp_path / "runs", wait_s=0.3)
 
 

@@ -636,7 +636,17 @@ def lineage(run, stitch_tag, store, fmt):
     metavar="S",
     help="Mark a run stale (and evaluate all its steps) when it has not grown for S seconds.",
 )
-def watch(paths, rules_file, store, interval, notify_cmd, notify_url, until_finished, stale_after):
+@click.option(
+    "--wait",
+    "wait_s",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="When another watch follows the store: wait this long for it to end and take over "
+    "(inf: a standby), instead of refusing at once.",
+)
+def watch(paths, rules_file, store, interval, notify_cmd, notify_url, until_finished, stale_after, wait_s):
     """Follow runs being written under PATHS and raise a rule file's alerts live.
 
     Each poll ingests only the new bytes of every log (TensorBoard, JSONL, console logs,
@@ -644,8 +654,15 @@ def watch(paths, rules_file, store, interval, notify_cmd, notify_url, until_fini
     same way `workbench replay` would over the finished logs: the live alerts (the `alerts`
     view, source 'live', with raised_at) equal a replay's, rule by rule and step by step.
     Each alert interval is one notification: a JSON line on stdout, and --notify-cmd /
-    --notify-url. A rule's `cooldown` merges a storm of firings into one interval. The table
-    on stderr shows each run's last step, steps/s and open alerts. Ctrl-C stops it.
+    --notify-url, with an `alert_id` a receiver can drop duplicates by. A rule's `cooldown`
+    merges a storm of firings into one interval. The table on stderr shows each run's last
+    step, steps/s and open alerts. Ctrl-C stops it.
+
+    One watch per store: a second refuses, naming the first (or waits, --wait). What was
+    delivered is stored per alert (the `deliveries` view), so a watch restarted after a
+    crash sends what was never delivered; alerts already in the logs before any watch
+    followed their folder are stored, not sent. A failed poll (a full disk, a vanished
+    file) is said on stderr and in `problems`, and the watch goes on.
 
     \b
     Example:
@@ -668,4 +685,4 @@ def watch(paths, rules_file, store, interval, notify_cmd, notify_url, until_fini
         console=err,
         note_unevaluable=rules_file is not None,
     )
-    w.run(interval=interval, until_finished=until_finished)
+    w.run(interval=interval, until_finished=until_finished, wait_s=wait_s)

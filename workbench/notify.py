@@ -3,13 +3,17 @@
 Each alert is one JSON object (the `alerts` columns: run_id, rule, tag, step_start, step_fired,
 step_end, value, message, params, severity, raised_at) plus `alert_id`, the same for every
 delivery of one alert interval, so a receiver can drop a duplicate (a retry after a timeout
-whose first try did arrive). Notifiers that leave the process run on their own thread: a slow or
-failing command or webhook never holds up ingest or evaluation, and a failure is reported (on
-stderr, by `problems()`) and never stops the watch.
+whose first try did arrive, or a restarted watch sending what it cannot know arrived). Notifiers
+that leave the process run on their own thread: a slow or failing command or webhook never
+holds up ingest or evaluation, and a failure is reported (on stderr) and never stops the watch.
+`Dispatch` sends each alert to every notifier and makes its delivery record (the `deliveries`
+table) once all of them are through with it: the watch stores it, so a restarted watch sends
+what was never delivered.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -27,6 +31,11 @@ from collections.abc import Callable
 from workbench.errors import WorkbenchError
 
 Alert = dict
+Done = Callable[[str | None], None]  # called once per alert: None when delivered, else why not
+
+
+def _ignore(why: str | None) -> None:
+    pass
 
 
 def alert_id(alert: Alert) -> str:
@@ -46,7 +55,8 @@ def alert_json(alert: Alert) -> str:
 class Notifier:
     name = "notifier"
 
-    def send(self, alert: Alert) -> None:
+    def send(self, alert: Alert, done: Done = _ignore) -> None:
+        """Deliver the alert (perhaps later, on a thread); then `done(None)`, or `done(why)`."""
         raise NotImplementedError
 
     def close(self, timeout: float = 10.0) -> None:
@@ -58,9 +68,14 @@ class StdoutNotifier(Notifier):
 
     name = "stdout"
 
-    def send(self, alert: Alert) -> None:
-        sys.stdout.write(alert_json(alert) + "\n")
-        sys.stdout.flush()
+    def send(self, alert: Alert, done: Done = _ignore) -> None:
+        try:
+            sys.stdout.write(alert_json(alert) + "\n")
+            sys.stdout.flush()
+        except (OSError, ValueError) as e:  # a closed pipe, a full disk behind a redirect
+            done(f"stdout: {e}")
+            return
+        done(None)
 
 
 class _Background(Notifier):
@@ -72,18 +87,23 @@ class _Background(Notifier):
         self._thread = threading.Thread(target=self._work, name=f"notify-{self.name}", daemon=True)
         self._thread.start()
 
-    def send(self, alert: Alert) -> None:
-        self._queue.put(alert)
+    def send(self, alert: Alert, done: Done = _ignore) -> None:
+        self._queue.put((alert, done))
 
     def _work(self) -> None:
         while True:
-            alert = self._queue.get()
-            if alert is None:
+            item = self._queue.get()
+            if item is None:
                 return
+            alert, done = item
             try:
                 self.deliver(alert)
             except Exception as e:  # noqa: BLE001 - any failure is reported, never raised into the watch
-                self._report(f"{self.name} failed for {alert['rule']} on {alert['run_id']}: {e}")
+                why = f"{self.name} failed for {alert['rule']} on {alert['run_id']}: {e}"
+                self._report(why)
+                done(why)
+            else:
+                done(None)
             finally:
                 self._queue.task_done()
 
@@ -191,6 +211,89 @@ class WebhookNotifier(_Background):
                 raise RuntimeError(f"{why} from {self.url}, gave up after {self.retries + 1} tries")
             time.sleep(wait)
             wait *= 2
+
+
+class Dispatch:
+    """Sends each alert to every notifier (once while it is under way) and makes its delivery
+    record (DELIVERIES columns) when all of them are through with it: `sent` when each delivered
+    it, else `failed` with why. `records()` hands over the records made since it was last
+    called; an alert still under way when the process ends has none (the next watch sends it)."""
+
+    def __init__(self, notifiers: list[Notifier]):
+        self.notifiers = list(notifiers)
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[Alert, list[int], list[str]]] = {}  # id -> alert, [left], failures
+        self._records: list[dict] = []
+
+    def send(self, alert: Alert) -> bool:
+        """Hand the alert to every notifier; False when it is under way already."""
+        key = alert_id(alert)
+        with self._lock:
+            if key in self._open:
+                return False
+            self._open[key] = (alert, [len(self.notifiers)], [])
+        if not self.notifiers:
+            self._finish(key)
+        done: Done = functools.partial(self._done, key)
+        for n in self.notifiers:
+            try:
+                n.send(alert, done)
+            except Exception as e:  # noqa: BLE001 - a notifier that breaks fails this delivery only
+                self._done(key, f"{n.name} failed: {e}")
+        return True
+
+    def _done(self, key: str, why: str | None) -> None:
+        with self._lock:
+            _, left, failures = self._open[key]
+            left[0] -= 1
+            if why:
+                failures.append(why)
+            last = left[0] <= 0
+        if last:
+            self._finish(key)
+
+    def _finish(self, key: str) -> None:
+        with self._lock:
+            alert, _, failures = self._open.pop(key)
+            self._records.append(
+                {
+                    "alert_id": key,
+                    "run_id": alert["run_id"],
+                    "rule": alert["rule"],
+                    "step_start": alert["step_start"],
+                    "outcome": "failed" if failures else "sent",
+                    "notified_at": None if failures else time.time(),
+                    "detail": "; ".join(failures) or None,
+                }
+            )
+
+    def under_way(self, key: str) -> bool:
+        """Whether the alert with this id is with the notifiers now."""
+        with self._lock:
+            return key in self._open
+
+    def records(self) -> list[dict]:
+        with self._lock:
+            out, self._records = self._records, []
+        return out
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Deliver what is queued (up to `timeout` seconds per notifier)."""
+        for n in self.notifiers:
+            n.close(timeout)
+
+
+def history_record(alert: Alert) -> dict:
+    """The delivery record of an alert that was in the logs before any watch followed its run."""
+    return {
+        "alert_id": alert_id(alert),
+        "run_id": alert["run_id"],
+        "rule": alert["rule"],
+        "step_start": alert["step_start"],
+        "outcome": "history",
+        "notified_at": None,
+        "detail": None,
+    }
 
 
 def notifiers(

@@ -25,6 +25,7 @@ import polars as pl
 
 import workbench.store.integrity as integrity
 import workbench.store.layout as layout
+import workbench.store.leases as leases
 from workbench.errors import StoreError
 from workbench.store.integrity import Damage
 from workbench.store.writer import StoreWriter
@@ -69,12 +70,13 @@ def check(root: Path) -> CheckReport:
         return report
     report.generation = gen.name
     report.tables = len(list(gen.glob("*.parquet")))
-    report.damage += integrity.verify_generation(root, gen)
-    if report.damage:
-        return report  # its chunk list cannot be trusted to name the parts
-    parts = integrity.expected_parts(root, integrity.read_tables(gen))
-    report.parts = parts.height
-    report.damage += integrity.verify_parts(root, parts)
+    with leases.holding(root, gen):  # an ingest meanwhile does not collect what is being checked
+        report.damage += integrity.verify_generation(root, gen)
+        if report.damage:
+            return report  # its chunk list cannot be trusted to name the parts
+        parts = integrity.expected_parts(root, integrity.read_tables(gen))
+        report.parts = parts.height
+        report.damage += integrity.verify_parts(root, parts)
     return report
 
 

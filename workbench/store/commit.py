@@ -30,6 +30,15 @@ from workbench.store.views import view_statements
 Derive = Callable[[duckdb.DuckDBPyConnection, pl.DataFrame, set[str]], pl.DataFrame]
 
 
+def is_disk_full(e: BaseException) -> bool:
+    """ENOSPC or a quota, from the OS or as polars/pyarrow/DuckDB report it (a ComputeError
+    "... No space left on device (os error 28)")."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(e)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
 def publish(
     root: Path,
     name: str,
@@ -112,7 +121,7 @@ def _derived(
         before = layout.read_derived(table, previous)
         return schema.conform(hook(con, before, changed), schema.DERIVED_TABLES[table], table)
     except Exception as e:  # noqa: BLE001 - a derived table never costs the ingested data
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        if is_disk_full(e):
             raise
         errors[table] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         return None

@@ -1,7 +1,8 @@
 """Garbage collection: what no live generation refers to goes, when a writer opens the store.
 
 Unpublished generations (killed writers), generations older than the two newest kept (a reader
-may lag one behind) and the one catalog.duckdb reads, and parts no kept generation lists. Only
+may lag one behind), the one catalog.duckdb reads and those a live reader holds a lease on
+(`leases.py`), and parts no kept generation lists. Only
 what is proven unreferenced goes: a kept generation that cannot be read keeps every part, a
 file not named like a part stays.
 """
@@ -15,6 +16,7 @@ import polars as pl
 
 import workbench.store.integrity as integrity
 import workbench.store.layout as layout
+import workbench.store.leases as leases
 import workbench.store.schema as schema
 
 
@@ -34,6 +36,8 @@ def collect(root: Path, current: Path | None) -> int:
     catalog = layout.catalog_generation(root)  # catalog.duckdb's views read it
     if current is not None and (root / "catalog.duckdb").exists() and catalog in gens and catalog not in keep:
         keep.append(catalog)
+    leased = leases.held(root)  # a connection kept across commits still reads its generation
+    keep += [g for g in gens if g.name in leased and g not in keep and current is not None and g <= current]
     for g in gens:
         if g not in keep:
             shutil.rmtree(g, ignore_errors=True)

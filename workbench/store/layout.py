@@ -14,7 +14,9 @@ scalars/_compacted/kN_M.parquet  the points of many chunks, sorted by run so tha
                                wrote together (a file per few million points instead of one per run)
 catalog.duckdb                 views for the duckdb CLI, rebuilt (temp + rename) on each commit
 CATALOG                        the generation catalog.duckdb reads (kept while it does)
-lock                           held by the one process that may write
+lock                           held by the one process that may write (who: pid, host, since, what)
+watch.lock                     held by the one `workbench watch` of the store (who, as `lock`)
+leases/<gen>.<id>.lease        a reader's lease on a generation: kept while its flock is held
 lake/files/<scheme>/<bucket>/  the mirror of object-storage prefixes ingested by URL (ingest/source.py)
 lake/manifest/<url-hash>.json  each object's ETag, size and mtime at its last sync
 
@@ -48,6 +50,9 @@ PART_NAME = {
     "scalars": re.compile(r"[ck](\d+)(_\d+)?\.parquet(\.tmp)?"),
     "events": re.compile(r"e(\d+)\.parquet(\.tmp)?"),
 }
+WRITER_LOCK = "lock"
+WATCH_LOCK = "watch.lock"
+LEASES = "leases"
 COMPACTED = "_compacted"  # run keys always end in -<hash>, so no run's folder has this name
 
 
@@ -58,6 +63,19 @@ def store_path(explicit: str | os.PathLike | None = None) -> Path:
 
 def is_store(folder: Path) -> bool:
     return (folder / MARKER).is_file()
+
+
+def writer_lock(root: Path) -> Path:
+    return root / WRITER_LOCK
+
+
+def watch_lock(root: Path) -> Path:
+    return root / WATCH_LOCK
+
+
+def leases_dir(root: Path) -> Path:
+    """Where readers keep their leases on generations (`workbench.store.leases`)."""
+    return root / LEASES
 
 
 def lake_dir(root: Path) -> Path:

@@ -152,6 +152,26 @@ ALERTS = {
 }
 ALERT_SOURCES = ("replay", "live")
 
+# What a watch did with each alert it raised, by the alert's id (`workbench.notify.alert_id`: its
+# run, rule and first step), apart from `alerts`, whose rows a replay or a re-evaluation
+# replaces: a restarted watch sends what was never sent, and nothing twice it knows was sent.
+DELIVERIES = {
+    "alert_id": pl.String,
+    "run_id": pl.String,
+    "rule": pl.String,
+    "step_start": pl.Int64,
+    "outcome": pl.String,  # one of DELIVERY_OUTCOMES
+    "notified_at": pl.Float64,  # when the last notifier had it (null: not sent)
+    "detail": pl.String,  # why a notifier failed
+}
+# sent: every notifier has it; failed: one gave up (sent again by the next watch); history: in
+# the logs before any watch followed its run (stored, not sent)
+DELIVERY_OUTCOMES = ("sent", "failed", "history")
+
+# The folders a watch has followed, since when: alerts of runs under none of them when a watch
+# starts were in the logs before any watch (history); under one, they are sent if never sent.
+WATCHED = {"root": pl.String, "since": pl.Float64}
+
 ROOTS = {"root": pl.String}
 
 # Which source keeps the current row when two sources of a run log the same tag at the same
@@ -214,6 +234,8 @@ META_TABLES = {
     "checkpoints": CHECKPOINTS,
     "labels": LABELS,
     "alerts": ALERTS,
+    "deliveries": DELIVERIES,
+    "watched": WATCHED,
 }
 
 

@@ -10,10 +10,8 @@ Folder layout: `workbench.store.layout`; views: `workbench.store.views`.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import sys
-import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,6 +22,8 @@ import pyarrow as pa
 import workbench.store.check as check_mod
 import workbench.store.integrity as integrity
 import workbench.store.layout as layout
+import workbench.store.leases as leases
+import workbench.store.locks as locks
 import workbench.store.reads as reads
 import workbench.store.views as views
 from workbench.errors import StoreError
@@ -56,16 +56,49 @@ class Store:
     def exists(self) -> bool:
         return self.current_generation() is not None
 
-    def connect(self, query: str | None = None) -> duckdb.DuckDBPyConnection:
+    def connect(self, query: str | None = None, generation: Path | None = None) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB connection with the store's views (read-only by construction,
         offline: no extension is installed or loaded); with `query`, only the views it may read
-        (a one-shot query starts faster). A store with a missing part or an unreadable table
-        refuses (StoreError) rather than answer without them."""
+        (a one-shot query starts faster). It holds a lease on its generation for as long as it
+        lives, so writers keep the parts it reads (`leases.py`). `generation`: that one rather
+        than the live one (it must still be kept). A store with a missing part or an unreadable
+        table refuses (StoreError) rather than answer without them."""
+        gen, lease = self._leased(generation)
+        try:
+            con = self._open(gen, query)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        if lease is not None:
+            weakref.finalize(con, lease.release)
+        return con
+
+    def _leased(self, pinned: Path | None) -> tuple[Path, leases.Lease | None]:
+        """A generation and a lease on it, taken while it is one of the two newest (a
+        collection already under way keeps those; any later one sees the lease)."""
+        for _ in range(20):
+            gen = pinned or self.live_generation()
+            lease = leases.take(self.root, gen)
+            current = self.current_generation()
+            newest = [g for g in layout.generations(self.root) if current is not None and g <= current][-2:]
+            if lease is None or gen in newest:
+                return gen, lease
+            lease.release()
+            if pinned is not None:
+                raise StoreError(f"generation {gen.name} of {self.root} is no longer kept; read the live one")
+        return gen, lease  # writers outran twenty tries: read with the lease held
+
+    def live_generation(self) -> Path:
+        """The live generation; StoreError for a store nothing was written to yet."""
         gen = self.current_generation()
         if gen is None:
             raise StoreError(
                 f"no store at {self.root}. Create one with: workbench ingest PATH --store {self.root}"
             )
+        return gen
+
+    def _open(self, gen: Path, query: str | None) -> duckdb.DuckDBPyConnection:
         if damage := integrity.quick_check(self.root, gen):
             raise StoreError(integrity.damage_message(self.root, damage))
         con = duckdb.connect(":memory:", config=duckdb_config())
@@ -189,35 +222,39 @@ class Store:
         if not repairing:
             layout.store_format(self.root)  # never write into a store of a newer format
         self.root.mkdir(parents=True, exist_ok=True)
-        lock = open(self.root / "lock", "a+")  # noqa: SIM115 - held for the whole block
-        try:
-            _acquire(lock, self.root, wait_s)
-            lock.seek(0)
-            lock.truncate()
-            lock.write(str(os.getpid()))
-            lock.flush()
-            (self.root / layout.MARKER).touch()  # a store from the start: ingest never reads it
+        root = self.root
+        with locks.hold(
+            layout.writer_lock(root),
+            locks.this_process(),
+            wait_s,
+            busy=lambda h: (
+                f"another ingest ({h.describe()}) is writing to {root}; "
+                "try again when it has finished, or pass --wait SECONDS"
+            ),
+            waiting=lambda h: f"waiting for another ingest ({h.describe()}) to finish ...",
+        ):
+            (root / layout.MARKER).touch()  # a store from the start: ingest never reads it
             yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            lock.close()
 
-
-def _acquire(lock, root: Path, wait_s: float) -> None:
-    deadline = time.monotonic() + wait_s
-    said = False
-    while True:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            holder = (root / "lock").read_text().strip() or "?"
-            if time.monotonic() >= deadline:
-                raise StoreError(
-                    f"another ingest (pid {holder}) is writing to {root}; "
-                    "try again when it has finished, or pass --wait SECONDS"
-                ) from None
-            if not said:
-                print(f"waiting for another ingest (pid {holder}) to finish ...", file=sys.stderr)
-                said = True
-            time.sleep(0.2)
+    @contextlib.contextmanager
+    def watching(self, paths: Sequence[str | os.PathLike], wait_s: float = 0.0) -> Iterator[None]:
+        """The watch lock: one `workbench watch` per store (two would store and send every
+        alert twice). Another process's watch is waited for up to `wait_s` seconds (a standby
+        that takes over when it ends), then StoreError naming it."""
+        layout.store_format(self.root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / layout.MARKER).touch()  # the lock file is no log to read
+        root = self.root
+        following = " ".join(str(Path(p).absolute()) for p in paths)
+        with locks.hold(
+            layout.watch_lock(root),
+            locks.this_process(f"{locks.process_name()} following {following}"[:300]),
+            wait_s,
+            busy=lambda h: (
+                f"another watch ({h.describe()}) is watching the store at {root}: one watch per store "
+                "(two would store and send each alert twice). Stop it first, or pass --wait SECONDS "
+                "to take over when it ends"
+            ),
+            waiting=lambda h: f"waiting for the store's watch ({h.describe()}) to end ...",
+        ):
+            yield

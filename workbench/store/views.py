@@ -184,6 +184,8 @@ def view_statements(root: Path, gen: Path) -> list[str]:
                      END AS message
            FROM _agreement WHERE verdict IN ('offset', 'scaled', 'disagree')""",
         "CREATE OR REPLACE VIEW alerts AS SELECT * FROM _alerts",
+        "CREATE OR REPLACE VIEW deliveries AS SELECT alert_id, run_id, rule, step_start, outcome, "
+        "to_timestamp(notified_at) AS notified_at, detail FROM _deliveries",
         "CREATE OR REPLACE VIEW checkpoints AS SELECT run_id, step, path, kind, to_timestamp(wall_time) AS wall_time, "
         "size, files, metadata, sha256 FROM _checkpoints",
         # per run and canonical metric: the values that turned NaN/Inf after a finite one and

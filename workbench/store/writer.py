@@ -10,7 +10,6 @@ a StoreError and leaves the previous generation in force.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,8 +36,8 @@ def disk_full_is_a_store_error(root: Path):
     """ENOSPC (and quota) from any writer below becomes one message that says what to do."""
     try:
         yield
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT) and "No space left" not in str(e):
+    except Exception as e:
+        if not commit_mod.is_disk_full(e):
             raise
         raise StoreError(
             f"disk full while writing the store at {root}: nothing of this run was published and the "
@@ -324,6 +323,21 @@ class StoreWriter:
             ~(mine & pl.col("rule").is_in(rule_ids) & pl.col("run_id").is_in(runs)),
             alerts.with_columns(source=pl.lit(source)),
         )
+
+    def set_deliveries(self, rows: list[dict]) -> None:
+        """Record what a watch did with these alerts (DELIVERIES rows; one per alert id, the
+        latest wins)."""
+        if rows:
+            bad = {r["outcome"] for r in rows} - set(schema.DELIVERY_OUTCOMES)
+            if bad:
+                raise ValueError(f"delivery outcome must be one of {schema.DELIVERY_OUTCOMES}, got {bad}")
+            ids = pl.Series([r["alert_id"] for r in rows], dtype=pl.String)
+            self._replace("deliveries", ~pl.col("alert_id").is_in(ids.implode()), rows)
+
+    def set_watched(self, roots: list[str], since: float) -> None:
+        """These folders are followed by a watch from `since` on (kept: the earliest)."""
+        known = set(self.table("watched")["root"].to_list())
+        self.add("watched", [{"root": r, "since": since} for r in roots if r not in known])
 
     def set_labels(self, origin: str, rows: list[dict]) -> None:
         """Replace the labels that came from `origin` (a labels.toml, or the CLI for one run)."""
