@@ -78,9 +78,10 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def scan(folder: Path, hash_files: bool = False) -> list[dict]:
-    """Checkpoint rows for one pruned checkpoint folder (or a container of checkpoints)."""
-    rows = _scan(folder)
+def scan(folder: Path, hash_files: bool = False, logs: frozenset[Path] = frozenset()) -> list[dict]:
+    """Checkpoint rows for one checkpoint folder (or a container of checkpoints); `logs`: files
+    read as logs (a container that is also HF's output_dir holds `*_results.json` with a step)."""
+    rows = _scan(folder, logs)
     if hash_files:
         for r in rows:
             r["sha256"] = sha256_of(Path(r["path"]))
@@ -107,7 +108,7 @@ def changes(old: dict, new: dict) -> str | None:
     return "; ".join(why) or None
 
 
-def _scan(folder: Path) -> list[dict]:
+def _scan(folder: Path, logs: frozenset[Path] = frozenset()) -> list[dict]:
     name = folder.name
     if m := HF_DIR.fullmatch(name):
         state = _json(folder / "trainer_state.json")
@@ -137,8 +138,8 @@ def _scan(folder: Path) -> list[dict]:
     seen: set[Path] = set()
     for child in sorted(folder.iterdir()):
         if child.is_dir():
-            rows += _scan(child)
-        elif child.suffix == ".json":
+            rows += _scan(child, logs)
+        elif child.suffix == ".json" and child not in logs:
             meta = _json(child)
             if "step" not in meta:
                 continue

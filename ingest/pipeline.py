@@ -111,10 +111,11 @@ def ingest(
             for f in found.files:
                 run_id = run_id_for(f.run_dir, root, base)
                 work.append((f, run_id))
+            logs = frozenset(f.path for f in found.files if f.format)
             for folder, run_dir in found.checkpoints:
                 run_id = run_id_for(run_dir, root, base)
                 with _isolated(w, report, folder, run_id, "checkpoint_error"):
-                    _scan_checkpoints(w, folder, run_id, hash_checkpoints, report)
+                    _scan_checkpoints(w, folder, run_id, hash_checkpoints, report, logs)
         files = plan_reads(w, work, by_name, report)
         total = sum(max(0, _size(Path(ft.path)) - ft.offset) for ft, _ in files)
         tasks = _run_tasks(w, files, check_crc)
@@ -212,8 +213,10 @@ def _isolated(w: StoreWriter, report: IngestReport, path: Path, run_id: str | No
         set_problem(w, report, path, run_id, kind, f"not read: {error_text(e)}")
 
 
-def _scan_checkpoints(w: StoreWriter, folder: Path, run_id: str, hash_files: bool, report) -> None:
-    rows = [{**row, "run_id": run_id} for row in checkpoints.scan(folder, hash_files)]
+def _scan_checkpoints(
+    w: StoreWriter, folder: Path, run_id: str, hash_files: bool, report, logs: frozenset[Path]
+) -> None:
+    rows = [{**row, "run_id": run_id} for row in checkpoints.scan(folder, hash_files, logs)]
     before = w.set_checkpoints(str(folder), rows)
     for r in rows:
         why = checkpoints.changes(before[r["path"]], r) if r["path"] in before else None

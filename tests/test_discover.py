@@ -6,6 +6,7 @@ import gzip
 import json
 
 from conftest import ingest_paths, q
+from real_counts import assert_matches, expected, real_tree_store
 from real_samples import HELLO
 from writers import tbx_scalars
 
@@ -112,3 +113,35 @@ def test_torch_checkpoints_with_metadata_beside_them(store, tmp_path):
     (run / "checkpoints/ckpt_100.json").unlink()
     ingest_paths(store, tmp_path / "r")
     assert q(store, "SELECT step FROM checkpoints")["step"].to_list() == [200]
+
+
+D01 = "defects/d01_checkpoints_output_dir"
+
+
+def test_a_run_written_into_a_checkpoints_folder_is_a_run_with_its_checkpoints(tmp_path_factory):
+    """HF `Trainer(output_dir="checkpoints")` (tests/data/real/defects/d01): its trainer_state.json,
+    results and `runs/<stamp>/` event file are one run, the `checkpoint-N/` beside them its
+    checkpoints, never the run's metrics."""
+    store = real_tree_store(tmp_path_factory, {"sft": D01})
+    run = "sft/checkpoints"
+    assert q(store, "SELECT run_id, formats, files FROM runs").rows() == [(run, "hf_trainer,tensorboard", 4)]
+    ckpts = q(store, "SELECT run_id, step, kind FROM checkpoints ORDER BY step").rows()
+    assert ckpts == [(run, 20, "hf"), (run, 40, "hf"), (run, 60, "hf")]
+    state = expected(f"{D01}/checkpoints/trainer_state.json")
+    assert_matches(store, run, {k: state[k] for k in ("loss", "grad_norm", "learning_rate", "eval_loss")})
+    tb = expected(f"{D01}/checkpoints/runs")
+    assert_matches(store, run, tb, {k: k.split("/", 1)[1] for k in tb if not k.startswith("_")})
+    # a checkpoint's own trainer_state.json is no source of the run's points
+    sources = q(store, "SELECT DISTINCT source_file FROM scalars_all")["source_file"].to_list()
+    assert not any("/checkpoint-" in s for s in sources)
+
+
+def test_a_checkpoint_folder_whose_run_left_no_log_is_read_as_a_run(tmp_path_factory):
+    """`checkpoint-40/` copied on its own (d06): its trainer_state.json is all there is of the run."""
+    store = real_tree_store(tmp_path_factory, {"d06": "defects/d06_checkpoint_alone"})
+    run = "d06/checkpoint-40"
+    runs = q(store, "SELECT run_id, formats FROM runs ORDER BY run_id").rows()
+    assert runs == [(run, "hf_trainer"), ("d06/hub_repo_root", "hf_trainer")]
+    assert q(store, "SELECT run_id, step FROM checkpoints").rows() == [(run, 40)]
+    state = expected("defects/d06_checkpoint_alone/checkpoint-40/trainer_state.json")
+    assert_matches(store, run, {k: state[k] for k in ("loss", "grad_norm", "eval_loss")})
