@@ -196,6 +196,9 @@ AGREEMENT = {
     "common_steps": pl.Int64,
     "agree": pl.Float64,  # share of the common steps whose values agree
     "verdict": pl.String,  # ok | offset | scaled | disagree | few
+    # ok pairs: the weaker source's points at steps the stronger keeps (each such point counted
+    # once, on its pair with the strongest agreeing source that logs its step): superseded by source
+    "superseded": pl.Int64,
 }
 DERIVED_TABLES = {"lineage": LINEAGE, "agreement": AGREEMENT}
 
