@@ -8,10 +8,12 @@ import shutil
 
 import pytest
 from conftest import DATA, ingest_paths, q
+from real_samples import HELLO
 from tensorboardX import SummaryWriter
 from writers import tbx_scalars
 
-from ingest import manifest
+from ingest import lines, manifest
+from workbench.store import Store
 
 
 def _snapshot(store):
@@ -167,3 +169,62 @@ def test_a_touched_file_is_checked_not_read(store, tmp_path):
         st.st_mtime + 1, abs=1e-5
     )
     assert ingest_paths(store, tmp_path / "run").files_unchanged == 1  # its new mtime was kept
+
+
+def _views(store) -> dict:
+    """What a user sees of a store (ingest times and file times left out)."""
+    sql = {
+        "scalars_all": "SELECT run_id, tag, step, value, superseded FROM scalars_all",
+        "events": 'SELECT run_id, step, kind, message, attrs, "offset" FROM events',
+        "runs": "SELECT run_id, status, evidence, points, first_step, last_step FROM runs",
+        "problems": "SELECT path, kind, message FROM problems",
+        "files": "SELECT path, consumed, records, points, problems, note, contents FROM files",
+    }
+    return {name: q(store, f"{query} ORDER BY ALL") for name, query in sql.items()}
+
+
+def _differ(a, b) -> list[str]:
+    """The views in which two stores differ."""
+    return [name for name in a if not a[name].equals(b[name])]
+
+
+def _cut_console(case: str) -> tuple[str, str]:
+    """A DeepSpeed console (the HelloDeepSpeed log) cut as a killed or still running job leaves
+    it, and the line its last record starts with."""
+    lines = HELLO.splitlines(keepends=True)
+    if case == "last_line_without_newline":
+        at = next(i for i, line in enumerate(lines) if "] step=40," in line)
+        return "".join(lines[:at]) + lines[at].rstrip("\n"), lines[at]
+    at = next(i for i, line in enumerate(lines) if "] step=20," in line)  # after 7 OVERFLOW notices
+    return "".join(lines[:at]), lines[at - 1]
+
+
+@pytest.mark.parametrize("case", ["last_line_without_newline", "ends_in_overflow_notices"])
+def test_a_log_first_read_while_written_converges_to_a_fresh_ingest(tmp_path, monkeypatch, case):
+    """A console ingested within a minute of its last write holds back what may still change
+    (an unfinished last line; OVERFLOW notices waiting for the next step line); once it has
+    settled, an ingest takes it though the file did not change, and equals a fresh ingest."""
+    run = tmp_path / "runs/ds"
+    run.mkdir(parents=True)
+    log = run / "stdout.log"
+    text, last = _cut_console(case)
+    log.write_text(text)  # just written: the writer may still be at it
+    store = Store(tmp_path / "store")
+    ingest_paths(store, tmp_path / "runs")
+    overflows = "SELECT count(*) n FROM events WHERE kind = 'overflow'"
+    if case == "last_line_without_newline":
+        assert q(store, "SELECT max(step) s FROM scalars WHERE tag = 'skipped'")["s"][0] == 30
+    else:
+        assert "OVERFLOW" in last and q(store, overflows)["n"][0] == 10  # the 7 after step 10 wait
+    monkeypatch.setattr(lines, "SETTLED_S", -1)  # a minute later, the file untouched: settled now
+    again = ingest_paths(store, tmp_path / "runs")
+    assert again.files_read == 1
+    fresh = Store(tmp_path / "fresh")
+    ingest_paths(fresh, tmp_path / "runs")
+    assert _differ(_views(store), _views(fresh)) == []
+    if case == "last_line_without_newline":
+        assert q(store, "SELECT max(step) s FROM scalars WHERE tag = 'skipped'")["s"][0] == 40
+    else:
+        assert q(store, overflows)["n"][0] == text.count("OVERFLOW!") == 17
+    third = ingest_paths(store, tmp_path / "runs")
+    assert third.files_read == 0 and _differ(_views(store), _views(fresh)) == []

@@ -39,6 +39,10 @@ FILES = {
     "state": pl.String,  # JSON: the ingestor's resume state (line number, current step, ...)
     "config_used": pl.String,  # what the reading took from the run's configuration (re-read when it changes)
     "ingested_at": pl.Float64,
+    # unwritten for SETTLED_S when read: a read of a file still being written holds back what may
+    # still change (an unfinished last line or record, notices waiting for a later step) and the
+    # next ingest after it settles takes it, though the file did not change (null: not known)
+    "settled": pl.Boolean,
 }
 
 CHUNKS = {
