@@ -171,8 +171,9 @@ EVIDENCE = {
     "failure": pl.String,  # the failure kind an automatic label takes from it, or null
     "wall_time": pl.Float64,  # when it was written, if known: records written after it make it stale
 }
-# strongest first; `incomplete` (stopped before its planned end, no crash seen) reads as crashed
-STATUS_EVIDENCE = ("diverged", "crashed", "completed", "incomplete")
+# strongest first; `incomplete` (stopped before its planned end, no crash seen) reads as crashed;
+# `checkpoint` (the logs are a checkpoint's snapshot of a run, which went on past it) is the status
+STATUS_EVIDENCE = ("diverged", "crashed", "completed", "incomplete", "checkpoint")
 
 # Lineage edges, derived from a whole generation at ingest (see ingest.lineage).
 LINEAGE = {

@@ -324,7 +324,9 @@ def run_status_sql() -> str:
     hparams status, HF Trainer's final summary, a launcher's clean exit). `running?`: no end
     evidence and the run's last record was written in the last 10 minutes (by its own
     timestamps: file times mean nothing after a copy). incomplete evidence (stopped before its
-    planned end) reads as crashed. Otherwise unknown.
+    planned end) reads as crashed. checkpoint: the logs are a checkpoint's snapshot (HF's
+    trainer_state.json of a checkpoint published alone), no evidence of how the run ended.
+    Otherwise unknown.
     """
     order = " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(schema.STATUS_EVIDENCE))
     return f"""
@@ -348,13 +350,14 @@ def run_status_sql() -> str:
             WHEN ev_status IN ('crashed', 'completed') THEN ev_status
             WHEN age_s < 600 THEN 'running?'
             WHEN ev_status = 'incomplete' THEN 'crashed'
+            WHEN ev_status = 'checkpoint' THEN 'checkpoint'
             ELSE 'unknown' END AS status,
           CASE
             WHEN ev_status = 'diverged' THEN ev_message
             WHEN nf_message IS NOT NULL THEN nf_message
             WHEN ev_status IN ('crashed', 'completed') THEN ev_message
             WHEN age_s < 600 THEN 'no end-of-run evidence yet; last record ' || round(age_s / 60)::BIGINT::VARCHAR || ' min ago'
-            WHEN ev_status = 'incomplete' THEN ev_message
+            WHEN ev_status IN ('incomplete', 'checkpoint') THEN ev_message
             ELSE 'no end-of-run evidence in the logs' END AS evidence
         FROM facts
     """
