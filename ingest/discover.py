@@ -44,6 +44,8 @@ CHECKPOINT_DIR = re.compile(r"checkpoint-\d+|global_step\d+|last-checkpoint")  #
 HPARAMS_DIR = re.compile(r"\d{9,11}\.\d+")
 HF_STAMP_DIR = re.compile(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+")
 HEAD_BYTES = 4096
+LFS_SPEC = b"version https://git-lfs.github.com/spec/"  # how a Git LFS pointer file begins
+LFS_POINTER_MAX = 1024  # the spec's bound on a pointer file's size
 
 
 @dataclass
@@ -84,6 +86,25 @@ def _sniff(path: Path, ingestors: list[Ingestor]) -> str | None:
     return None
 
 
+def _lfs_pointer(path: Path, size: int) -> str | None:
+    """Why a Git LFS pointer file is not read (a clone made without its LFS objects holds these
+    small text files in place of the logs), or None when `path` is no pointer."""
+    if size > LFS_POINTER_MAX:
+        return None
+    with open(path, "rb") as f:
+        head = f.read(LFS_POINTER_MAX)
+    if not head.startswith(LFS_SPEC):
+        return None
+    fields = dict(
+        line.split(" ", 1) for line in head.decode("ascii", "replace").splitlines()[1:] if " " in line
+    )
+    size_text = f"{int(fields['size']):,} bytes" if fields.get("size", "").isdigit() else "size unknown"
+    return (
+        f"a Git LFS pointer ({fields.get('oid', 'no oid')}, {size_text}): the content is not "
+        "present; fetch it with `git lfs pull`, then ingest again"
+    )
+
+
 def _look(path: Path, ingestors: list[Ingestor]) -> tuple[str | None, str | None]:
     """(format, problem) of one file: only regular files are read (a FIFO or a device would
     block or never end), and a file whose format cannot be told is a problem, not a crash."""
@@ -95,6 +116,11 @@ def _look(path: Path, ingestors: list[Ingestor]) -> tuple[str | None, str | None
         what = next((w for test, w in _SPECIAL if test(st.st_mode)), "not a regular file")
         via = " (through a symlink)" if path.is_symlink() else ""
         return None, f"{what}{via}, not a regular file: not read"
+    try:
+        if why := _lfs_pointer(path, st.st_size):
+            return None, why
+    except OSError as e:
+        return None, f"unreadable: {e.strerror}"
     if is_gz(path) and (why := gz_damage(path)):
         return None, why
     try:
@@ -179,13 +205,22 @@ def discover(root: Path, ingestors: list[Ingestor]) -> Discovery:
     return Discovery(sorted(found, key=lambda f: str(f.path)), checkpoints, unlisted)
 
 
+def _named(path: Path, ingestors: list[Ingestor]) -> str | None:
+    """The format a file's name alone says (`events.out.tfevents.*`), for a file not read."""
+    return next((i.name for i in ingestors if not i.needs_head and i.sniff(path, b"")), None)
+
+
 class _Owners:
     """The run folder of each folder holding files (see the module docstring)."""
 
     def __init__(self, root: Path, ingestors: list[Ingestor], files: dict[Path, list]):
         self.root = root
         self.ingestors = ingestors
-        self.formats = {d: {f for _, f, _ in items if f} for d, items in files.items()}
+        # a file not read (a Git LFS pointer, a FIFO) belongs where its name says it would
+        self.formats = {
+            d: {f or (problem and _named(p, ingestors)) for p, f, problem in items} - {None, ""}
+            for d, items in files.items()
+        }
         self.sub_sources = {i.name for i in ingestors if i.sub_source}
 
     def __call__(self, d: Path) -> Path:

@@ -6,7 +6,7 @@ import gzip
 import json
 
 from conftest import ingest_paths, q
-from real_counts import assert_matches, expected, real_tree_store
+from real_counts import REAL, assert_matches, expected, real_tree_store
 from real_samples import HELLO
 from writers import tbx_scalars
 
@@ -145,3 +145,26 @@ def test_a_checkpoint_folder_whose_run_left_no_log_is_read_as_a_run(tmp_path_fac
     assert q(store, "SELECT run_id, step FROM checkpoints").rows() == [(run, 40)]
     state = expected("defects/d06_checkpoint_alone/checkpoint-40/trainer_state.json")
     assert_matches(store, run, {k: state[k] for k in ("loss", "grad_norm", "eval_loss")})
+
+
+def test_a_git_lfs_pointer_is_named_as_such_and_read_once_pulled(tmp_path_factory):
+    """d09: HF output cloned without its LFS objects: `runs/<stamp>/events.out.tfevents.*` is a
+    129-byte pointer. It is listed with its run and a problem that says what it is and what to
+    do (not "record length corrupt"); once `git lfs pull` puts the content there, it is read."""
+    store = real_tree_store(tmp_path_factory, {"hf": "defects/d09_lfs_pointer"})
+    pointer = "runs/Dec01_22-21-04_vm/events.out.tfevents.1796163664.vm.15059.0"
+    lfs = expected(f"defects/d09_lfs_pointer/{pointer}")["_lfs"]
+    problems = q(store, "SELECT path, run_id, kind, message FROM problems").rows()
+    assert len(problems) == 1 and problems[0][0].endswith(pointer) and problems[0][1] == "hf"
+    assert f"Git LFS pointer ({lfs['oid']}, {int(lfs['size']):,} bytes)" in problems[0][3]
+    assert "git lfs pull" in problems[0][3] and "corrupt" not in problems[0][3]
+    row = q(store, "SELECT run_id, format, status FROM files WHERE path LIKE '%tfevents%'").rows()
+    assert row == [("hf", None, "error")]
+    again = ingest_paths(store, store.root.parent / "runs")  # reported once, not once per ingest
+    assert again.files_read == 0 and q(store, "SELECT count(*) n FROM problems")["n"][0] == 1
+    pulled = REAL / "defects/d01_checkpoints_output_dir/checkpoints" / pointer  # the object it names
+    (store.root.parent / "runs/hf" / pointer).write_bytes(pulled.read_bytes())
+    ingest_paths(store, store.root.parent / "runs")
+    assert q(store, "SELECT count(*) n FROM problems")["n"][0] == 0
+    tb = expected("defects/d01_checkpoints_output_dir/checkpoints/runs")
+    assert_matches(store, "hf", tb, {k: k.split("/", 1)[1] for k in tb if not k.startswith("_")})
