@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DATA, cli, ingest_paths, q
+from real_counts import expected, real_tree_store
 from writers import tbx_scalars
 
 from ingest import lineage
@@ -156,3 +157,23 @@ def test_backtest_reports_recovery_outcomes_per_rule(samples):
         ).rules
     }
     assert (early["early"]["recoveries_after_alarm"], early["early"]["recoveries_healthy"]) == (1, 1)
+
+
+def test_deepspeed_resumed_in_its_folder_right_after_a_save(tmp_path_factory):
+    """d11: DeepSpeed killed right after saving global_step150, resumed in the same folder by a
+    second process; no step is logged by both. The second console's checkpoint load (its model
+    states read twice, then the optimizer's) is one resume event, and the lineage edge."""
+    store = real_tree_store(tmp_path_factory, {"ds": "defects/d11_deepspeed_resume_after_ckpt150"})
+    loads = expected("defects/d11_deepspeed_resume_after_ckpt150/resume.stdout.log")["_checkpoint_loads"]
+    assert len(loads) == 3 and {load["step"] for load in loads} == {150}
+    resumes = q(store, "SELECT step, source_file, \"offset\" FROM events WHERE kind = 'resume'").rows()
+    assert len(resumes) == 1
+    step, source, line = resumes[0]
+    assert step == 150 and source.endswith("/resume.stdout.log") and line == loads[0]["line"]
+    segment = q(store, f"SELECT segment FROM files WHERE path = '{source}'")["segment"][0]
+    edges = q(
+        store,
+        "SELECT child_run, child_segment, parent_run, parent_step, parent_checkpoint, kind FROM lineage",
+    )
+    assert [e[:4] + e[5:] for e in edges.rows()] == [("ds", segment, "ds", 150, "resume")]
+    assert edges["parent_checkpoint"][0].endswith("/ckpt/global_step150")

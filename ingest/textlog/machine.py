@@ -135,6 +135,7 @@ class TextParser(LineParser):
         self.kinds: dict[str, int] = {}  # records parsed, by kind (kept in the file's contents)
         self.no_step_reported = self.no_step
         self.placed = state.get("placed", 0)  # points stored from this file so far
+        self.last_load = state.get("last_load")  # [checkpoint, step] of the last checkpoint load
 
     def state(self) -> dict:
         return {
@@ -152,6 +153,7 @@ class TextParser(LineParser):
             "timers_counted": self.timers_counted,
             "placed": self.placed,
             "first_wall": self.first_wall,
+            "last_load": self.last_load,
         }
 
     # ---- placing values and events ---------------------------------------------------------
