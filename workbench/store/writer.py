@@ -311,7 +311,10 @@ class StoreWriter:
         self, rule_ids: list[str], runs: list[str], alerts: pl.DataFrame, source: str = "replay"
     ) -> None:
         """Replace the alerts from `source` (a replay, or a live watch) of these rules on these
-        runs; rows without `raised_at` get null."""
+        runs; rows without `raised_at` get null. One alert per (run, rule, tag, step_start): an
+        interval the other source raised first keeps its row's `source` and `raised_at` (where
+        and when it was first raised) and takes the new values (a replay over the finished log
+        knows its end)."""
         if source not in schema.ALERT_SOURCES:
             raise ValueError(f"alert source must be one of {schema.ALERT_SOURCES}, got {source!r}")
         if "raised_at" not in alerts.columns:
@@ -319,11 +322,27 @@ class StoreWriter:
         mine = pl.col("source") == source
         if source == "replay":
             mine = mine | pl.col("source").is_null()  # stored before alerts had a source
-        self._replace(
-            "alerts",
-            ~(mine & pl.col("rule").is_in(rule_ids) & pl.col("run_id").is_in(runs)),
-            alerts.with_columns(source=pl.lit(source)),
+        scope = pl.col("rule").is_in(rule_ids) & pl.col("run_id").is_in(runs)
+        key = ["run_id", "rule", "tag", "step_start"]
+        table = self.table("alerts")
+        first = (
+            table.filter(scope & ~mine)
+            .select(*key, first_source="source", first_raised="raised_at")
+            .unique(subset=key, keep="first", maintain_order=True)
         )
+        new = (
+            alerts.with_columns(source=pl.lit(source))
+            .join(first, on=key, how="left", nulls_equal=True)
+            .with_columns(
+                source=pl.coalesce("first_source", "source"),
+                raised_at=pl.when(pl.col("first_source").is_null())
+                .then(pl.col("raised_at"))
+                .otherwise(pl.col("first_raised")),
+            )
+            .select(list(schema.ALERTS))
+        )
+        kept = table.filter(~(scope & mine)).join(new.select(key), on=key, how="anti", nulls_equal=True)
+        self._replace("alerts", pl.lit(False), pl.concat([kept, new], how="vertical_relaxed"))
 
     def set_labels(self, origin: str, rows: list[dict]) -> None:
         """Replace the labels that came from `origin` (a labels.toml, or the CLI for one run)."""
