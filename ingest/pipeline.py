@@ -30,7 +30,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from ingest import agreement, checkpoints, lineage
+from ingest import agreement, checkpoint_integrity, checkpoints, lineage
 from ingest.base import Ingestor, Problem
 from ingest.discover import Found, discover, run_id_for
 from ingest.ds_config import batch_size_of
@@ -216,14 +216,32 @@ def _isolated(w: StoreWriter, report: IngestReport, path: Path, run_id: str | No
 def _scan_checkpoints(
     w: StoreWriter, folder: Path, run_id: str, hash_files: bool, report, logs: frozenset[Path]
 ) -> None:
-    rows = [{**row, "run_id": run_id} for row in checkpoints.scan(folder, hash_files, logs)]
-    before = w.set_checkpoints(str(folder), rows)
+    """Record the checkpoints in `folder`. One first seen, or changed since it was recorded, is
+    checked against its copies (`checkpoint_integrity.verify`): a disagreement is reported once,
+    and stays a problem row until the checkpoint changes again; one unchanged keeps what was
+    learnt of it (with `--hash`, an unhashed one is hashed now)."""
+    rows = [{**row, "run_id": run_id} for row in checkpoints.scan(folder, logs)]
+    before = w.checkpoints_in(str(folder))
     for r in rows:
-        why = checkpoints.changes(before[r["path"]], r) if r["path"] in before else None
-        if why:
-            problem = Problem(0, "checkpoint_changed", f"checkpoint changed after it was recorded: {why}")
-            report.problems.append((r["path"], problem))
-            w.add("problems", [problem_row(r["path"], run_id, problem)])
+        prev = before.get(r["path"])
+        if prev is not None and checkpoints.changes(prev, r) is None:
+            r.update(sha256=prev["sha256"], copies=prev["copies"], verified=prev["verified"])
+            if not (hash_files and prev["sha256"] is None):
+                continue
+        mismatch = checkpoint_integrity.verify(r, hash_files)  # hashes it (with --hash)
+        if prev is not None and (why := checkpoints.changes(prev, r)):
+            changed = f"checkpoint changed after it was recorded: {why}"
+            _checkpoint_problem(w, report, r, "checkpoint_changed", changed)
+        _checkpoint_problem(w, report, r, "checkpoint_mismatch", mismatch)
+    w.set_checkpoints(str(folder), rows)
+
+
+def _checkpoint_problem(w: StoreWriter, report, row: dict, kind: str, message: str | None) -> None:
+    """The checkpoint's problem of this kind is now `message` (none: the problem is gone)."""
+    problem = Problem(0, kind, message) if message else None
+    w.set_problems(row["path"], [problem_row(row["path"], row["run_id"], problem)] if problem else [], kind)
+    if problem:
+        report.problems.append((row["path"], problem))
 
 
 def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: IngestReport) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 from conftest import DATA, cli, ingest_paths, q
-from real_counts import expected, real_tree_store
+from real_counts import REAL, expected, real_tree_store
 from writers import tbx_scalars
 
 from ingest import lineage
@@ -120,9 +121,12 @@ def test_changed_checkpoint_is_reported_on_reingest(tmp_path):
     weights.write_bytes(b"b" * 100)  # same size, new content
     os.utime(weights, (time.time() + 5, time.time() + 5))
     r2 = ingest_paths(store, tmp_path / "runs", hash_checkpoints=True)
-    assert [p.kind for _, p in r2.problems] == ["checkpoint_changed"]
-    msg = r2.problems[0][1].message
-    assert "sha256 differs" in msg and "metadata" in msg
+    assert [p.kind for _, p in r2.problems] == ["checkpoint_changed", "checkpoint_mismatch"]
+    changed, mismatch = (p.message for _, p in r2.problems)
+    assert "sha256 differs" in changed
+    assert mismatch.startswith("ckpt_10.pt (sha256 ") and "ckpt_10.json" in mismatch
+    r3 = ingest_paths(store, tmp_path / "runs", hash_checkpoints=True)  # reported once
+    assert r3.problems == [] and q(store, "SELECT count(*) n FROM problems")["n"][0] == 2
 
 
 def test_lineage_cli_tree_and_stitch(samples):
@@ -177,3 +181,32 @@ def test_deepspeed_resumed_in_its_folder_right_after_a_save(tmp_path_factory):
     )
     assert [e[:4] + e[5:] for e in edges.rows()] == [("ds", segment, "ds", 150, "resume")]
     assert edges["parent_checkpoint"][0].endswith("/ckpt/global_step150")
+
+
+def test_checkpoint_copies_are_checked_on_first_sight_and_reported_once(tmp_path_factory):
+    """d16: a torch loop saved ckpt_N.pt with a metadata JSON (sha256, size) and a .tar.zst copy,
+    then overwrote ckpt_100.pt at step 150. The three copies of a checkpoint are one row; with
+    --hash the first ingest says which copy disagrees, and later ingests do not say it again."""
+    root = tmp_path_factory.mktemp("d16") / "runs"
+    store = Store(root.parent / "store")
+    shutil.copytree(REAL / "defects/d16_checkpoint_sha_mismatch", root / "loop")
+    counted = expected("defects/d16_checkpoint_sha_mismatch/checkpoints")
+    first = ingest_paths(store, root, hash_checkpoints=True)
+    assert [(Path(path).name, p.kind) for path, p in first.problems] == [
+        ("ckpt_100.pt", "checkpoint_mismatch")
+    ]
+    message = first.problems[0][1].message
+    bad, good = counted["ckpt_100"]["file_sha256"], counted["ckpt_100"]["metadata_sha256"]
+    assert good == counted["ckpt_100"]["archive_sha256"] != bad
+    assert message.startswith(f"ckpt_100.pt (sha256 {bad[:12]}...) disagrees with ")
+    assert "ckpt_100.tar.zst" in message and "ckpt_100.json" in message and good[:12] in message
+    rows = q(store, "SELECT path, step, sha256, copies, verified FROM checkpoints ORDER BY step").rows()
+    assert [(Path(r[0]).name, r[1]) for r in rows] == [("ckpt_100.pt", 100), ("ckpt_200.pt", 200)]
+    for (_, step, sha, copies, verified), name in zip(rows, ("ckpt_100", "ckpt_200"), strict=True):
+        archive = next(c for c in json.loads(copies) if c["kind"] == "archive")
+        assert sha == counted[name]["file_sha256"] and archive["sha256"] == counted[name]["archive_sha256"]
+        assert verified.startswith("mismatch: " if step == 100 else "ok: ")
+    for _ in range(2):
+        again = ingest_paths(store, root, hash_checkpoints=True)
+        assert again.problems == []
+        assert q(store, "SELECT kind FROM problems").rows() == [("checkpoint_mismatch",)]

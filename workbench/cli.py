@@ -119,7 +119,8 @@ def _executor(name, address):
     "--hash",
     "hash_checkpoints",
     is_flag=True,
-    help="Hash checkpoint files (sha256) and check them against their metadata and the last ingest.",
+    help="Hash checkpoint files (sha256) when first seen or changed, and check each against its "
+    "copies (metadata JSON, .tar/.tar.gz/.tar.zst archive) and the last ingest.",
 )
 @click.option(
     "--wait",

@@ -120,6 +120,12 @@ CHECKPOINTS = {
     "files": pl.Int64,
     "metadata": pl.String,  # JSON: trainer_state fields, DeepSpeed `latest`, torch metadata (sha256, parent, ...)
     "sha256": pl.String,  # of the file (or of a folder's files), with `ingest --hash`
+    # JSON: the other copies of a torch checkpoint ([{kind: metadata | archive, path, size, mtime,
+    # sha256 of the file in the archive}]), or null
+    "copies": pl.String,
+    # whether the copies agree ("ok: ckpt_100.pt = ckpt_100.tar.zst = ckpt_100.json", or
+    # "mismatch: ..."), checked when the checkpoint is first seen or changed; null: not checked
+    "verified": pl.String,
 }
 
 # Manual labels (labels.toml files, `workbench label`); auto labels are derived in the view.

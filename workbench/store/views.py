@@ -205,7 +205,7 @@ def view_statements(root: Path, gen: Path) -> list[str]:
            FROM _agreement WHERE verdict IN ('offset', 'scaled', 'disagree')""",
         "CREATE OR REPLACE VIEW alerts AS SELECT * FROM _alerts",
         "CREATE OR REPLACE VIEW checkpoints AS SELECT run_id, step, path, kind, to_timestamp(wall_time) AS wall_time, "
-        "size, files, metadata, sha256 FROM _checkpoints",
+        "size, files, metadata, sha256, copies, verified FROM _checkpoints",
         # per run and canonical metric: the values that turned NaN/Inf after a finite one and
         # stayed so to the end (the last loss; 3+ values of any other metric)
         # (the last finite step from the chunk lists; past it every point is non-finite, so only

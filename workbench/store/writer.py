@@ -72,6 +72,10 @@ SHARED_ROWS = 1 << 22  # points of small chunks gathered before they are written
 KEYED = {"files": "path", "run_config": "run_id"}  # tables with one row per key
 
 
+def _inside(folder: str) -> pl.Expr:
+    return pl.col("path").str.starts_with(folder.rstrip("/") + "/") | (pl.col("path") == folder)
+
+
 class StoreWriter:
     """Stages changes to the store; nothing is visible until `commit()`."""
 
@@ -351,12 +355,15 @@ class StoreWriter:
             keep = keep | ~pl.col("run_id").is_in([r["run_id"] for r in rows])
         self._replace("labels", keep, [{**r, "origin": origin} for r in rows])
 
+    def checkpoints_in(self, folder: str) -> dict[str, dict]:
+        """The checkpoints recorded in `folder` (or that are `folder`), by path."""
+        return {r["path"]: r for r in self.table("checkpoints").filter(_inside(folder)).iter_rows(named=True)}
+
     def set_checkpoints(self, folder: str, rows: list[dict]) -> dict[str, dict]:
         """Replace what is known of the checkpoints in `folder` (they come and go with rotation);
         returns the rows recorded before, by path, so the caller can tell what changed."""
-        inside = pl.col("path").str.starts_with(folder.rstrip("/") + "/") | (pl.col("path") == folder)
-        before = {r["path"]: r for r in self.table("checkpoints").filter(inside).iter_rows(named=True)}
-        self._replace("checkpoints", ~inside, rows)
+        before = self.checkpoints_in(folder)
+        self._replace("checkpoints", ~_inside(folder), rows)
         return before
 
     def set_sources(self, precedence: list[str]) -> None:
