@@ -50,9 +50,11 @@ def build(con: duckdb.DuckDBPyConnection, previous: pl.DataFrame, changed: set[s
         """WITH cur AS (SELECT run_id, metric, source, tag, step, value, source_file
                         FROM _points WHERE NOT superseded AND metric IS NOT NULL AND list_contains(?, run_id)
                         AND NOT starts_with(tag, 'derived/')),
-                best AS (SELECT run_id, metric, source, arg_max(tag, n) AS tag FROM (
+                -- per source its tag with the most points; of tags as long (MoE's per-layer
+                -- series of one metric) the first by name, so that every source picks the same
+                best AS (SELECT run_id, metric, source, tag FROM (
                              SELECT run_id, metric, source, tag, count(*) AS n FROM cur GROUP BY ALL)
-                         GROUP BY ALL),
+                         QUALIFY row_number() OVER (PARTITION BY run_id, metric, source ORDER BY n DESC, tag) = 1),
                 multi AS (SELECT run_id, metric FROM best GROUP BY ALL HAVING count(*) > 1)
            SELECT cur.run_id, cur.metric, cur.source, cur.tag, cur.step, cur.value, cur.source_file
            FROM cur SEMI JOIN multi USING (run_id, metric) SEMI JOIN best USING (run_id, metric, source, tag)
