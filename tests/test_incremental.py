@@ -188,43 +188,40 @@ def _differ(a, b) -> list[str]:
     return [name for name in a if not a[name].equals(b[name])]
 
 
-def _cut_console(case: str) -> tuple[str, str]:
-    """A DeepSpeed console (the HelloDeepSpeed log) cut as a killed or still running job leaves
-    it, and the line its last record starts with."""
+def _cut_consoles() -> dict[str, str]:
+    """The HelloDeepSpeed console cut as a killed or still running job leaves it, by run: its
+    last line without a newline (at step 40), or ending in OVERFLOW notices (after step 10)."""
     lines = HELLO.splitlines(keepends=True)
-    if case == "last_line_without_newline":
-        at = next(i for i, line in enumerate(lines) if "] step=40," in line)
-        return "".join(lines[:at]) + lines[at].rstrip("\n"), lines[at]
-    at = next(i for i, line in enumerate(lines) if "] step=20," in line)  # after 7 OVERFLOW notices
-    return "".join(lines[:at]), lines[at - 1]
+    at40 = next(i for i, line in enumerate(lines) if "] step=40," in line)
+    at20 = next(i for i, line in enumerate(lines) if "] step=20," in line)
+    assert "OVERFLOW" in lines[at20 - 1]
+    return {
+        "cut_mid_line": "".join(lines[:at40]) + lines[at40].rstrip("\n"),
+        "ends_in_overflows": "".join(lines[:at20]),
+    }
 
 
-@pytest.mark.parametrize("case", ["last_line_without_newline", "ends_in_overflow_notices"])
-def test_a_log_first_read_while_written_converges_to_a_fresh_ingest(tmp_path, monkeypatch, case):
+def test_a_log_first_read_while_written_converges_to_a_fresh_ingest(tmp_path, monkeypatch):
     """A console ingested within a minute of its last write holds back what may still change
     (an unfinished last line; OVERFLOW notices waiting for the next step line); once it has
     settled, an ingest takes it though the file did not change, and equals a fresh ingest."""
-    run = tmp_path / "runs/ds"
-    run.mkdir(parents=True)
-    log = run / "stdout.log"
-    text, last = _cut_console(case)
-    log.write_text(text)  # just written: the writer may still be at it
+    texts = _cut_consoles()
+    for run, text in texts.items():
+        (tmp_path / "runs" / run).mkdir(parents=True)
+        (tmp_path / "runs" / run / "stdout.log").write_text(text)  # just written: may still grow
     store = Store(tmp_path / "store")
     ingest_paths(store, tmp_path / "runs")
-    overflows = "SELECT count(*) n FROM events WHERE kind = 'overflow'"
-    if case == "last_line_without_newline":
-        assert q(store, "SELECT max(step) s FROM scalars WHERE tag = 'skipped'")["s"][0] == 30
-    else:
-        assert "OVERFLOW" in last and q(store, overflows)["n"][0] == 10  # the 7 after step 10 wait
-    monkeypatch.setattr(lines, "SETTLED_S", -1)  # a minute later, the file untouched: settled now
+    last_step = "SELECT max(step) s FROM scalars WHERE run_id = 'cut_mid_line' AND tag = 'skipped'"
+    overflows = "SELECT count(*) n FROM events WHERE run_id = 'ends_in_overflows' AND kind = 'overflow'"
+    assert q(store, last_step)["s"][0] == 30  # the step-40 line is not whole yet
+    assert q(store, overflows)["n"][0] == 10  # the 7 notices after step 10 wait for step 20
+    monkeypatch.setattr(lines, "SETTLED_S", -1)  # a minute later, the files untouched: settled now
     again = ingest_paths(store, tmp_path / "runs")
-    assert again.files_read == 1
+    assert again.files_read == 2
     fresh = Store(tmp_path / "fresh")
     ingest_paths(fresh, tmp_path / "runs")
     assert _differ(_views(store), _views(fresh)) == []
-    if case == "last_line_without_newline":
-        assert q(store, "SELECT max(step) s FROM scalars WHERE tag = 'skipped'")["s"][0] == 40
-    else:
-        assert q(store, overflows)["n"][0] == text.count("OVERFLOW!") == 17
+    assert q(store, last_step)["s"][0] == 40
+    assert q(store, overflows)["n"][0] == texts["ends_in_overflows"].count("OVERFLOW!") == 17
     third = ingest_paths(store, tmp_path / "runs")
     assert third.files_read == 0 and _differ(_views(store), _views(fresh)) == []

@@ -256,8 +256,9 @@ def sql(query, store, fmt):
     """Run a read-only SQL query (DuckDB dialect) over the store's views.
 
     \b
-    Views: runs, files, scalars (current points, unique on run_id, tag, step),
-    scalars_all (every stored point, with source, segment, superseded),
+    Views: runs, files, scalars (current points, unique on run_id, tag, step, and
+    on run_id, metric, step where sources agree), scalars_all (every stored
+    point, with source, segment, superseded, superseded_by),
     events, problems, checkpoints, lineage, labels, alerts, file_tags.
 
     \b
