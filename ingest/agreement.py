@@ -10,7 +10,10 @@ their step ranges (an x axis in samples instead of steps). Values agree when the
 non-finite. The verdict: `ok` (the identity, >= 99 % agree), `offset`/`scaled` (another alignment
 agrees: one reader puts the points on the wrong step), `disagree` (nothing agrees >= 99 %), or
 `few` (fewer than 3 common steps: no verdict). Anything but ok and few is a problem that names
-both sources: it is how a user learns that a reader is wrong on their logs. Derived series
+both sources: it is how a user learns that a reader is wrong on their logs. Sources that agree
+log one series: the `scalars` view keeps the stronger source's row at a step both log (HF's
+trainer_state `loss` over its TensorBoard callback's `train/loss`), and `superseded` counts the
+rows that leaves out. Derived series
 (`derived/...`, rebuilt from notices whose step is only known to the next printed step) are not
 compared.
 """
@@ -39,18 +42,57 @@ def build(con: duckdb.DuckDBPyConnection, previous: pl.DataFrame, changed: set[s
     if not multi:
         return keep.sort("run_id", "metric", "source_a", "source_b")
     pts = reads.agreement_points(sorted(r for (r,) in multi)).frame(con)
-    rows = []
+    rank = dict(reads.source_ranks().rows(con))
+    rows: list[dict] = []
     for (run, metric), g in pts.group_by("run_id", "metric", maintain_order=True):
         series = {
             src: (s["tag"][0], _main_file(s), s["step"].to_numpy(), s["value"].to_numpy())
             for (src,), s in g.group_by("source", maintain_order=True)
         }
         names = sorted(series)
-        for i, a in enumerate(names):
-            for b in names[i + 1 :]:
-                rows.append({"run_id": run, "metric": metric, **compare(a, series[a], b, series[b])})
+        pairs = {
+            (a, b): {"run_id": run, "metric": metric, **compare(a, series[a], b, series[b])}
+            for i, a in enumerate(names)
+            for b in names[i + 1 :]
+        }
+        count_superseded(pairs, series, rank)
+        rows += pairs.values()
     new = pl.DataFrame(rows, schema=AGREEMENT) if rows else pl.DataFrame(schema=AGREEMENT)
     return pl.concat([keep, new]).sort("run_id", "metric", "source_a", "source_b")
+
+
+def count_superseded(
+    pairs: dict[tuple[str, str], dict], series: dict[str, tuple], rank: dict[str, int]
+) -> None:
+    """Each pair's `superseded`, as the `scalars` view ranks agreeing sources: among sources
+    joined by ok pairs, the strongest (lowest precedence, then tag) that logs a step keeps it;
+    every other one's point there is superseded, counted on its pair with that strongest one."""
+    for row in pairs.values():
+        row["superseded"] = 0
+    group = {s: s for s in series}  # union-find over the ok pairs
+
+    def find(s: str) -> str:
+        while group[s] != s:
+            s = group[s]
+        return s
+
+    for (a, b), row in pairs.items():
+        if row["verdict"] == "ok":
+            group[find(a)] = find(b)
+    order = sorted(series, key=lambda s: (rank.get(s, 1_000_000), series[s][0]))
+    held: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # group -> (steps kept, index of their keeper)
+    for i, src in enumerate(order):
+        steps, keepers = held.get(find(src), (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+        mine = np.unique(series[src][2])
+        taken = np.isin(mine, steps, assume_unique=True)
+        keeper = keepers[np.searchsorted(steps, mine[taken])]
+        for k, n in zip(*np.unique(keeper, return_counts=True), strict=True):
+            a, b = sorted((order[int(k)], src))
+            pairs[(a, b)]["superseded"] += int(n)
+        new = mine[~taken]
+        steps, keepers = np.concatenate([steps, new]), np.concatenate([keepers, np.full(len(new), i)])
+        by_step = np.argsort(steps, kind="stable")
+        held[find(src)] = (steps[by_step], keepers[by_step])
 
 
 def _main_file(s: pl.DataFrame) -> str:

@@ -30,7 +30,7 @@ class Evidence:
     """What a file says about how its run ended; the run's status is its strongest evidence
     (order: workbench.store.schema.STATUS_EVIDENCE)."""
 
-    status: str  # diverged | crashed | completed | incomplete
+    status: str  # diverged | crashed | completed | incomplete | checkpoint
     message: str  # in words, e.g. "HF Trainer wrote its final summary"
     step: int | None = None
     failure: str | None = None  # the failure kind an automatic label takes from it (crash, oom, ...)

@@ -1,12 +1,15 @@
 """Checkpoints found beside the logs: HF `checkpoint-N/`, DeepSpeed `global_stepN/` (+ `latest`),
 torch files with a metadata JSON beside them (step, sha256, parent) in `checkpoints/` or `ckpt/`.
 
-Only size, mtime and the small metadata files are read: weights are never opened.
+The copies of one torch checkpoint are one row: the weights file, its metadata JSON and an
+archive of it (`ckpt_100.pt`, `ckpt_100.json`, `ckpt_100.tar.zst`: the guides' triple write)
+share a name; the row is the weights file (else the archive), with the other copies in
+`copies`. Only size, mtime and the small metadata files are read here: weights are never
+opened (`ingest/checkpoint_integrity.py` hashes them, with `ingest --hash`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -18,6 +21,7 @@ HF_DIR = re.compile(r"checkpoint-(\d+)")
 DS_DIR = re.compile(r"global_step(\d+)")
 CONTAINERS = {"checkpoints", "checkpoint", "ckpt", "ckpts"}
 WEIGHTS = (".pt", ".pth", ".ckpt", ".safetensors", ".bin")
+ARCHIVES = (".tar.zst", ".tar.gz", ".tgz", ".tar")
 STEP_IN_NAME = re.compile(r"(?:step|iter|ckpt|checkpoint|epoch)[_-]?(\d+)", re.IGNORECASE)
 
 
@@ -62,33 +66,19 @@ def _row(path: Path, step: int | None, kind: str, metadata: dict) -> dict:
         "files": files,
         "metadata": json.dumps(metadata, sort_keys=True, default=str),
         "sha256": None,
+        "copies": None,
+        "verified": None,
     }
 
 
-def sha256_of(path: Path) -> str:
-    """Of a file, or of a folder's files (their relative paths and contents, in order)."""
-    h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for f in files:
-        if path.is_dir():
-            h.update(f.relative_to(path).as_posix().encode() + b"\0")
-        with open(f, "rb") as fh:
-            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
-def scan(folder: Path, hash_files: bool = False) -> list[dict]:
-    """Checkpoint rows for one pruned checkpoint folder (or a container of checkpoints)."""
-    rows = _scan(folder)
-    if hash_files:
-        for r in rows:
-            r["sha256"] = sha256_of(Path(r["path"]))
-    return rows
+def scan(folder: Path, logs: frozenset[Path] = frozenset()) -> list[dict]:
+    """Checkpoint rows for one checkpoint folder (or a container of checkpoints); `logs`: files
+    read as logs (a container that is also HF's output_dir holds `*_results.json` with a step)."""
+    return _scan(folder, logs)
 
 
 def changes(old: dict, new: dict) -> str | None:
-    """Why a checkpoint seen before no longer looks the same, or None."""
+    """Why a checkpoint seen before no longer looks the same (its file, or a copy), or None."""
     why = []
     if old["size"] != new["size"]:
         why.append(f"size {old['size']} -> {new['size']} bytes")
@@ -96,18 +86,19 @@ def changes(old: dict, new: dict) -> str | None:
         why.append("modified since it was recorded")
     if old.get("sha256") and new.get("sha256") and old["sha256"] != new["sha256"]:
         why.append("sha256 differs")
-    meta = json.loads(new.get("metadata") or "{}")
-    if (
-        new.get("sha256")
-        and meta.get("sha256")
-        and Path(new["path"]).is_file()
-        and meta["sha256"] != new["sha256"]
+    if old.get("metadata") != new.get("metadata") or _files_of(old.get("copies")) != _files_of(
+        new.get("copies")
     ):
-        why.append("sha256 differs from the one in its metadata")
+        why.append("its metadata or another copy changed")
     return "; ".join(why) or None
 
 
-def _scan(folder: Path) -> list[dict]:
+def _files_of(copies: str | None) -> list[tuple]:
+    """The copies as files on disk (what a later scan sees again; not what was learnt of them)."""
+    return sorted((c["kind"], c["path"], c["size"], c["mtime"]) for c in json.loads(copies or "[]"))
+
+
+def _scan(folder: Path, logs: frozenset[Path] = frozenset()) -> list[dict]:
     name = folder.name
     if m := HF_DIR.fullmatch(name):
         state = _json(folder / "trainer_state.json")
@@ -134,20 +125,46 @@ def _scan(folder: Path) -> list[dict]:
     if name not in CONTAINERS:
         return []
     rows: list[dict] = []
-    seen: set[Path] = set()
+    by_stem: dict[str, dict[str, Path]] = {}  # the copies of one checkpoint share a name
     for child in sorted(folder.iterdir()):
         if child.is_dir():
-            rows += _scan(child)
-        elif child.suffix == ".json":
-            meta = _json(child)
-            if "step" not in meta:
-                continue
-            weights = next((child.with_suffix(s) for s in WEIGHTS if child.with_suffix(s).exists()), None)
-            target = weights or child
-            seen.add(target)
-            rows.append(_row(target, _step(meta["step"]), "torch", meta))
-    for child in sorted(folder.iterdir()):
-        if child.is_file() and child.suffix in WEIGHTS and child not in seen:
-            m = STEP_IN_NAME.search(child.stem)
-            rows.append(_row(child, _step(m[1]) if m else None, "torch", {}))
+            rows += _scan(child, logs)
+        elif child.is_file() and child not in logs and (kind := _copy_kind(child.name)):
+            stem, what = kind
+            by_stem.setdefault(stem, {}).setdefault(what, child)
+    for copies in by_stem.values():
+        if row := _torch_row(copies):
+            rows.append(row)
     return rows
+
+
+def _copy_kind(name: str) -> tuple[str, str] | None:
+    """(stem, 'weights' | 'archive' | 'metadata') of a file that may be a copy of a torch checkpoint."""
+    for suffixes, what in ((ARCHIVES, "archive"), (WEIGHTS, "weights"), ((".json",), "metadata")):
+        for suffix in suffixes:
+            if name.endswith(suffix) and len(name) > len(suffix):
+                return name[: -len(suffix)], what
+    return None
+
+
+def _torch_row(copies: dict[str, Path]) -> dict | None:
+    """One torch checkpoint from its copies: the weights file (else the archive, else the
+    metadata alone), its step from the metadata or the name. A JSON alone is a checkpoint only
+    when it gives a step."""
+    meta = _json(copies["metadata"]) if "metadata" in copies else {}
+    if "metadata" in copies and "step" not in meta and len(copies) == 1:
+        return None
+    target = copies.get("weights") or copies.get("archive") or copies["metadata"]
+    if "step" in meta:
+        step = _step(meta["step"])
+    else:
+        m = STEP_IN_NAME.search(target.name)
+        step = _step(m[1]) if m else None
+    row = _row(target, step, "torch", meta)
+    others = [
+        {"kind": what, "path": str(p), "size": p.stat().st_size, "mtime": p.stat().st_mtime}
+        for what, p in sorted(copies.items())
+        if p != target
+    ]
+    row["copies"] = json.dumps(others, sort_keys=True) if others else None
+    return row

@@ -8,7 +8,12 @@ sub-folders of a run attach to that run instead of becoming runs of their own:
 - `add_hparams` sub-folders named by a float timestamp (`1796036286.857561/`),
 - TensorBoard-only folders whose parent holds other logs.
 In a tree of plain TensorBoard folders (`exp1/`, `exp2/`) each folder is a run, as in
-TensorBoard. Checkpoint folders (`checkpoint-N/`, `global_stepN/`, `checkpoints/`) are not runs.
+TensorBoard. A checkpoint folder (`checkpoint-N/`, `global_stepN/`, `last-checkpoint/`) is a
+checkpoint of its run, not a run, and its files are not read as metrics; a lone one, whose run
+left no log, is read as a run of its own (its trainer_state.json is all there is). A checkpoint
+container (`checkpoints/`, `ckpt/`) is walked: it is HF's `output_dir="checkpoints"` as often as
+a folder of checkpoints, so a container holding logs is a run (or part of the run above it),
+while its metadata JSON and weights are left to the checkpoint scan.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ingest.base import Ingestor
+from ingest.checkpoints import CONTAINERS
 from ingest.lines import BOM, gz_damage, is_gz, read_head
 from workbench.store.layout import is_store
 
@@ -34,10 +40,12 @@ CONTAINER_DIRS = {
     "monitor_csv",
 }
 STAMP_PARENTS = {"runs", "monitor_tb", "monitor_csv"}  # their sub-folders are one run's sources
-CHECKPOINT_DIR = re.compile(r"checkpoint-\d+|global_step\d+|checkpoints?|last-checkpoint|ckpts?")
+CHECKPOINT_DIR = re.compile(r"checkpoint-\d+|global_step\d+|last-checkpoint")  # one checkpoint each
 HPARAMS_DIR = re.compile(r"\d{9,11}\.\d+")
 HF_STAMP_DIR = re.compile(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+")
 HEAD_BYTES = 4096
+LFS_SPEC = b"version https://git-lfs.github.com/spec/"  # how a Git LFS pointer file begins
+LFS_POINTER_MAX = 1024  # the spec's bound on a pointer file's size
 
 
 @dataclass
@@ -81,6 +89,25 @@ def _sniff(path: Path, ingestors: list[Ingestor]) -> str | None:
     return None
 
 
+def _lfs_pointer(path: Path, size: int) -> str | None:
+    """Why a Git LFS pointer file is not read (a clone made without its LFS objects holds these
+    small text files in place of the logs), or None when `path` is no pointer."""
+    if size > LFS_POINTER_MAX:
+        return None
+    with open(path, "rb") as f:
+        head = f.read(LFS_POINTER_MAX)
+    if not head.startswith(LFS_SPEC):
+        return None
+    fields = dict(
+        line.split(" ", 1) for line in head.decode("ascii", "replace").splitlines()[1:] if " " in line
+    )
+    size_text = f"{int(fields['size']):,} bytes" if fields.get("size", "").isdigit() else "size unknown"
+    return (
+        f"a Git LFS pointer ({fields.get('oid', 'no oid')}, {size_text}): the content is not "
+        "present; fetch it with `git lfs pull`, then ingest again"
+    )
+
+
 def _look(path: Path, ingestors: list[Ingestor]) -> tuple[str | None, str | None]:
     """(format, problem) of one file: only regular files are read (a FIFO or a device would
     block or never end), and a file whose format cannot be told is a problem, not a crash."""
@@ -92,6 +119,11 @@ def _look(path: Path, ingestors: list[Ingestor]) -> tuple[str | None, str | None
         what = next((w for test, w in _SPECIAL if test(st.st_mode)), "not a regular file")
         via = " (through a symlink)" if path.is_symlink() else ""
         return None, f"{what}{via}, not a regular file: not read"
+    try:
+        if why := _lfs_pointer(path, st.st_size):
+            return None, why
+    except OSError as e:
+        return None, f"unreadable: {e.strerror}"
     if is_gz(path) and (why := gz_damage(path)):
         return None, why
     try:
@@ -102,23 +134,27 @@ def _look(path: Path, ingestors: list[Ingestor]) -> tuple[str | None, str | None
         return None, f"could not tell its format ({type(e).__name__}: {e})"
 
 
-def discover(root: Path, ingestors: list[Ingestor]) -> Discovery:
-    """All files under `root` (or `root` itself when it is a file), each with its run folder,
-    and the checkpoint folders met on the way."""
-    root = root.absolute()
-    if not root.is_dir():
-        fmt, problem = _look(root, ingestors)
-        return Discovery([Found(root, root.parent, fmt, None if fmt or problem else NOT_A_LOG, problem)], [])
+def _walk(
+    top: Path, ingestors: list[Ingestor], unlisted: list[tuple[Path, str]]
+) -> tuple[dict[Path, list[tuple[Path, str | None, str | None]]], list[Path]]:
+    """Every file under `top` with its (format, problem), by folder, and the checkpoint folders
+    met on the way (not entered: their files are the checkpoint's). Files of a checkpoint
+    container (`checkpoints/`, `ckpt/`) that are no log are the checkpoints' own and are left
+    to the checkpoint scan; a container that holds logs (HF's `output_dir="checkpoints"`) is
+    walked like any folder."""
     files: dict[Path, list[tuple[Path, str | None, str | None]]] = {}
     checkpoint_dirs: list[Path] = []
-    unlisted: list[tuple[Path, str]] = []
 
     def walk_error(e: OSError) -> None:
         unlisted.append((Path(e.filename), f"folder not read: {e.strerror}"))
 
-    for dirpath, dirnames, filenames in os.walk(root, onerror=walk_error):
+    for dirpath, dirnames, filenames in os.walk(top, onerror=walk_error):
         d = Path(dirpath)
-        checkpoint_dirs += [d / n for n in dirnames if CHECKPOINT_DIR.fullmatch(n)]
+        in_container = any(part in CONTAINERS for part in d.relative_to(top).parts)
+        # a container's checkpoints are scanned with it (`checkpoints.scan`), not one by one
+        checkpoint_dirs += [
+            d / n for n in dirnames if (CHECKPOINT_DIR.fullmatch(n) or n in CONTAINERS) and not in_container
+        ]
         dirnames[:] = sorted(
             n
             for n in dirnames
@@ -131,41 +167,91 @@ def discover(root: Path, ingestors: list[Ingestor]) -> Discovery:
             p = d / name
             if p.is_symlink() and not p.exists():
                 continue
-            files.setdefault(d, []).append((p, *_look(p, ingestors)))
-    formats = {d: {f for _, f, _ in items if f} for d, items in files.items()}
-    sub_sources = {i.name for i in ingestors if i.sub_source}
+            fmt, problem = _look(p, ingestors)
+            if in_container and problem is None and (fmt is None or (fmt == "jsonl" and _whole_json(p))):
+                continue  # checkpoint metadata or weights: the checkpoint scan records them
+            files.setdefault(d, []).append((p, fmt, problem))
+    return files, checkpoint_dirs
 
-    def owner(d: Path) -> Path:
-        if d == root:
-            return d
-        for ing in ingestors:
-            run = ing.run_folder(d)
-            if run is not None and (run == root or root in run.parents):
-                return run
-        fmts = formats.get(d, set())
-        parent = d.parent
-        if fmts and fmts <= sub_sources:
-            if d.name in CONTAINER_DIRS:
-                return owner(parent)
-            if (
-                parent != root
-                and parent.name in STAMP_PARENTS
-                and (HF_STAMP_DIR.fullmatch(d.name) or parent.name != "runs")
-            ):
-                return owner(parent.parent)
-            if HPARAMS_DIR.fullmatch(d.name) and formats.get(parent):
-                return owner(parent)
-            if formats.get(parent, set()) - sub_sources:
-                return owner(parent)
-        return d
 
+def _whole_json(path: Path) -> bool:
+    return path.name.lower().removesuffix(".gz").endswith(".json")
+
+
+def discover(root: Path, ingestors: list[Ingestor]) -> Discovery:
+    """All files under `root` (or `root` itself when it is a file), each with its run folder,
+    and the checkpoint folders met on the way, each with its run folder.
+
+    A checkpoint folder whose run holds no log (`checkpoint-N/` copied alone, a Hub repository
+    of one checkpoint) is read as a run of its own: its trainer_state.json is all there is."""
+    root = root.absolute()
+    if not root.is_dir():
+        fmt, problem = _look(root, ingestors)
+        return Discovery([Found(root, root.parent, fmt, None if fmt or problem else NOT_A_LOG, problem)], [])
+    unlisted: list[tuple[Path, str]] = []
+    files, checkpoint_dirs = _walk(root, ingestors, unlisted)
+    owner = _Owners(root, ingestors, files)
+    with_logs = {owner(d) for d in files if owner.formats.get(d)}
+    alone = [c for c in checkpoint_dirs if c.name not in CONTAINERS and owner(c.parent) not in with_logs]
+    for c in alone:
+        more, _ = _walk(c, ingestors, unlisted)
+        logs = {d: items for d, items in more.items() if any(fmt for _, fmt, _ in items)}
+        if logs:
+            files.update(logs)
+            owner = _Owners(root, ingestors, files)
     found = []
     for d, items in files.items():
         run_dir = owner(d)
         for p, fmt, problem in items:
             found.append(Found(p, run_dir, fmt, None if fmt or problem else NOT_A_LOG, problem))
-    checkpoints = [(c, owner(c.parent)) for c in sorted(checkpoint_dirs)]
+    checkpoints = [(c, owner(c) if c in files else owner(c.parent)) for c in sorted(checkpoint_dirs)]
     return Discovery(sorted(found, key=lambda f: str(f.path)), checkpoints, unlisted)
+
+
+def _named(path: Path, ingestors: list[Ingestor]) -> str | None:
+    """The format a file's name alone says (`events.out.tfevents.*`), for a file not read."""
+    return next((i.name for i in ingestors if not i.needs_head and i.sniff(path, b"")), None)
+
+
+class _Owners:
+    """The run folder of each folder holding files (see the module docstring)."""
+
+    def __init__(self, root: Path, ingestors: list[Ingestor], files: dict[Path, list]):
+        self.root = root
+        self.ingestors = ingestors
+        # a file not read (a Git LFS pointer, a FIFO) belongs where its name says it would
+        self.formats = {
+            d: {f or (problem and _named(p, ingestors)) for p, f, problem in items} - {None, ""}
+            for d, items in files.items()
+        }
+        self.sub_sources = {i.name for i in ingestors if i.sub_source}
+
+    def __call__(self, d: Path) -> Path:
+        root = self.root
+        if d == root:
+            return d
+        for ing in self.ingestors:
+            run = ing.run_folder(d)
+            if run is not None and (run == root or root in run.parents):
+                return run
+        fmts = self.formats.get(d, set())
+        parent = d.parent
+        if d.name in CONTAINERS and (not fmts or self.formats.get(parent)):
+            return self(parent)  # a checkpoint container belongs to its run, unless it is the run
+        if fmts and fmts <= self.sub_sources:
+            if d.name in CONTAINER_DIRS:
+                return self(parent)
+            if (
+                parent != root
+                and parent.name in STAMP_PARENTS
+                and (HF_STAMP_DIR.fullmatch(d.name) or parent.name != "runs")
+            ):
+                return self(parent.parent)
+            if HPARAMS_DIR.fullmatch(d.name) and self.formats.get(parent):
+                return self(parent)
+            if self.formats.get(parent, set()) - self.sub_sources:
+                return self(parent)
+        return d
 
 
 def run_id_for(run_dir: Path, root: Path, base: Path) -> str:

@@ -125,8 +125,10 @@ class HFTrainerIngestor(Ingestor):
 
 
 def _end_of_run(state: dict, summary: bool) -> list[Evidence]:
-    """The Trainer appends its final summary once, at the end; without it, a global_step short of
-    max_steps means the run stopped early."""
+    """The Trainer appends its final summary once, at the end of training, and writes a
+    trainer_state.json at every checkpoint: one short of max_steps without the summary is a
+    checkpoint's snapshot (a `checkpoint-N/` copied alone, a Hub repository of one), which says
+    nothing of how the run went on: status `checkpoint`, never `crashed`."""
     try:
         step = to_step(state.get("global_step"))
     except ValueError:
@@ -138,5 +140,8 @@ def _end_of_run(state: dict, summary: bool) -> list[Evidence]:
         return []
     if step >= max_steps:
         return [Evidence("completed", f"HF Trainer reached max_steps {max_steps:g}", step)]
-    message = f"HF Trainer stopped at global_step {step} of max_steps {max_steps:g} with no final summary"
-    return [Evidence("incomplete", message, step)]
+    message = (
+        f"trainer_state.json of a checkpoint at global_step {step} of max_steps {max_steps:g} (no final "
+        "summary): how the run went on is not in these files"
+    )
+    return [Evidence("checkpoint", message, step)]

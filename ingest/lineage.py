@@ -7,7 +7,8 @@ Evidence, strongest first, each edge carrying its own:
   below the previous segment's last step of a tag they share (but after that segment's first)
   -> `resume`, from the run's checkpoint at or below its first step (even when rotation deleted
   that checkpoint: the step is still the evidence);
-  a "Loading checkpoint from ..." line confirms it;
+  a "Loading checkpoint from ..." line confirms it, and is a `resume` on its own when it names
+  the run's checkpoint (a run killed right after a save logs no step twice);
 - a run with no other parent whose first step continues exactly one other run's checkpoint -> `fork`.
 """
 
@@ -34,7 +35,10 @@ def build(
         SELECT run_id, source, path, segment, tag, first_step, last_step
         FROM file_tags ORDER BY run_id, source, segment""").pl()
     ckpts = con.sql("SELECT run_id, step, path, metadata FROM checkpoints WHERE step IS NOT NULL").pl()
-    resumes = con.sql("SELECT run_id, step, attrs FROM events WHERE kind = 'resume'").pl()
+    resumes = con.sql(
+        "SELECT e.run_id, e.step, e.attrs, f.segment, e.source_file FROM events e "
+        "LEFT JOIN files f ON f.path = e.source_file WHERE e.kind = 'resume' ORDER BY ALL"
+    ).pl()
     recoveries = con.sql("SELECT run_id, step, attrs FROM events WHERE kind = 'recovery' ORDER BY step").pl()
     runs = con.sql(
         "SELECT f.run_id, min(t.first_step) AS first_step FROM files f LEFT JOIN file_tags t USING (run_id) "
@@ -159,13 +163,17 @@ def _checkpoint_at_or_below(ckpts: pl.DataFrame, run: str, step: int) -> tuple[i
 
 
 def _logged_loads(edges: _Edges, resumes: pl.DataFrame, ckpts: pl.DataFrame) -> None:
-    """A "Loading checkpoint from ..." line: it confirms a resume at its step, or, naming another
-    run's checkpoint, is a `fork` from it."""
-    for run, step, attrs in resumes.iter_rows():
-        path = json.loads(attrs or "{}").get("path", "")
+    """A "Loading checkpoint from ..." line: it confirms a resume at its step; naming the run's
+    own checkpoint (or, in a later segment, one no longer on disk) it is a `resume` of the
+    segment that logged it, though no step was logged twice (DeepSpeed killed right after a
+    save, resumed in the same folder); naming another run's checkpoint, a `fork` from it."""
+    for run, step, attrs, segment, source in resumes.iter_rows():
+        a = json.loads(attrs or "{}")
+        path = a.get("path", "")
+        where = a.get("checkpoint") or path
         owner = ckpts.filter(
-            pl.col("path").str.ends_with(path.lstrip("./"))
-            | pl.lit(path).str.ends_with(pl.col("path").str.split("/").list.last())
+            pl.col("path").str.ends_with(where.lstrip("./"))
+            | pl.lit(where).str.ends_with(pl.col("path").str.split("/").list.last())
         )
         same = [k for k in edges.edges if k[0] == run and k[1] == run and k[2] == step]
         if same:
@@ -179,6 +187,19 @@ def _logged_loads(edges: _Edges, resumes: pl.DataFrame, ckpts: pl.DataFrame) -> 
                 owner["path"][0],
                 "fork",
                 f"log says: loading checkpoint {path}",
+            )
+        elif step is not None and (owner.height or (segment or 0) > 0):
+            on_disk = owner["path"][0] if owner.height else None
+            name = (source or "").rsplit("/", 1)[-1]
+            edges.add(
+                run,
+                segment or 0,
+                run,
+                step,
+                on_disk,
+                "resume",
+                f"{name} says it loaded checkpoint {where} (step {step})"
+                + ("" if on_disk else "; no checkpoint on disk at that step"),
             )
 
 

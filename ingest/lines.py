@@ -129,9 +129,10 @@ def head_text(head: bytes) -> str:
         return head.decode("latin-1")
 
 
-def is_settled(path: Path) -> bool:
-    """Untouched for SETTLED_S seconds: the writer is done (or gone)."""
-    return time.time() - path.stat().st_mtime > SETTLED_S
+def is_settled(path: Path, st: os.stat_result | None = None) -> bool:
+    """Untouched for SETTLED_S seconds (`st`: its stat, if taken already): the writer is done
+    (or gone). A `.gz` is a finished archive, never a growing log."""
+    return is_gz(path) or time.time() - (st or path.stat()).st_mtime > SETTLED_S
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def line_blocks(path: Path, start: int) -> Iterator[tuple[int, int, list, tuple[
     damaged or expands past its cap, the lines before are kept and `stop` (kind, message) of the
     last block says why reading stopped.
     """
-    settled = is_gz(path) or is_settled(path)  # a .gz is a finished archive, not a growing log
+    settled = is_settled(path)
     with open(path, "rb") as raw:
         if is_gz(path):
             start = 0
@@ -446,7 +447,9 @@ class LineIngestor(Ingestor):
 
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
         parser = self.parser(path, ctx)
+        blocks = 0
         for (b0, b1, lines, stop), last in list_ahead(line_blocks(path, start)):
+            blocks += 1
             batch = Batch(start=b0, end=b1)
             refused = []  # lines the reader never saw, or that raised in it
             if parser.feed_block(lines, batch):
@@ -468,6 +471,12 @@ class LineIngestor(Ingestor):
             batch.problems = sorted(batch.problems + refused, key=lambda p: p.offset)
             batch.state = parser.state()
             yield batch
+        if not blocks:  # no new line: what the parser held for the end of the log (a settled log)
+            batch = Batch(start=start, end=start)
+            parser.end_block(batch, True)
+            if len(batch.points) or batch.events or batch.problems or batch.evidence:
+                batch.state = parser.state()
+                yield batch
 
 
 def _line_problem(line: int, e: Exception) -> Problem:

@@ -30,7 +30,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from ingest import agreement, checkpoints, lineage
+from ingest import agreement, checkpoint_integrity, checkpoints, lineage
 from ingest.base import Ingestor, Problem
 from ingest.discover import Found, discover, run_id_for
 from ingest.ds_config import batch_size_of
@@ -111,10 +111,11 @@ def ingest(
             for f in found.files:
                 run_id = run_id_for(f.run_dir, root, base)
                 work.append((f, run_id))
+            logs = frozenset(f.path for f in found.files if f.format)
             for folder, run_dir in found.checkpoints:
                 run_id = run_id_for(run_dir, root, base)
                 with _isolated(w, report, folder, run_id, "checkpoint_error"):
-                    _scan_checkpoints(w, folder, run_id, hash_checkpoints, report)
+                    _scan_checkpoints(w, folder, run_id, hash_checkpoints, report, logs)
         files = plan_reads(w, work, by_name, report)
         total = sum(max(0, _size(Path(ft.path)) - ft.offset) for ft, _ in files)
         tasks = _run_tasks(w, files, check_crc)
@@ -212,15 +213,35 @@ def _isolated(w: StoreWriter, report: IngestReport, path: Path, run_id: str | No
         set_problem(w, report, path, run_id, kind, f"not read: {error_text(e)}")
 
 
-def _scan_checkpoints(w: StoreWriter, folder: Path, run_id: str, hash_files: bool, report) -> None:
-    rows = [{**row, "run_id": run_id} for row in checkpoints.scan(folder, hash_files)]
-    before = w.set_checkpoints(str(folder), rows)
+def _scan_checkpoints(
+    w: StoreWriter, folder: Path, run_id: str, hash_files: bool, report, logs: frozenset[Path]
+) -> None:
+    """Record the checkpoints in `folder`. One first seen, or changed since it was recorded, is
+    checked against its copies (`checkpoint_integrity.verify`): a disagreement is reported once,
+    and stays a problem row until the checkpoint changes again; one unchanged keeps what was
+    learnt of it (with `--hash`, an unhashed one is hashed now)."""
+    rows = [{**row, "run_id": run_id} for row in checkpoints.scan(folder, logs)]
+    before = w.checkpoints_in(str(folder))
     for r in rows:
-        why = checkpoints.changes(before[r["path"]], r) if r["path"] in before else None
-        if why:
-            problem = Problem(0, "checkpoint_changed", f"checkpoint changed after it was recorded: {why}")
-            report.problems.append((r["path"], problem))
-            w.add("problems", [problem_row(r["path"], run_id, problem)])
+        prev = before.get(r["path"])
+        if prev is not None and checkpoints.changes(prev, r) is None:
+            r.update(sha256=prev["sha256"], copies=prev["copies"], verified=prev["verified"])
+            if not (hash_files and prev["sha256"] is None):
+                continue
+        mismatch = checkpoint_integrity.verify(r, hash_files)  # hashes it (with --hash)
+        if prev is not None and (why := checkpoints.changes(prev, r)):
+            changed = f"checkpoint changed after it was recorded: {why}"
+            _checkpoint_problem(w, report, r, "checkpoint_changed", changed)
+        _checkpoint_problem(w, report, r, "checkpoint_mismatch", mismatch)
+    w.set_checkpoints(str(folder), rows)
+
+
+def _checkpoint_problem(w: StoreWriter, report, row: dict, kind: str, message: str | None) -> None:
+    """The checkpoint's problem of this kind is now `message` (none: the problem is gone)."""
+    problem = Problem(0, kind, message) if message else None
+    w.set_problems(row["path"], [problem_row(row["path"], row["run_id"], problem)] if problem else [], kind)
+    if problem:
+        report.problems.append((row["path"], problem))
 
 
 def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: IngestReport) -> None:

@@ -17,7 +17,7 @@ import polars as pl
 
 from ingest.base import Ingestor, Problem
 from ingest.discover import Found
-from ingest.lines import is_gz
+from ingest.lines import is_gz, is_settled
 from ingest.manifest import content_sig, file_row
 from ingest.report import IngestReport, set_problem
 from ingest.task import FileTask
@@ -25,11 +25,14 @@ from workbench.store import StoreWriter
 
 
 def plan_file(found: Found, run_id: str, prev: dict | None, appendable: bool) -> tuple[str, int]:
-    """('new' | 'unchanged' | 'touched' | 'append' | 'reread', offset to read from).
+    """('new' | 'unchanged' | 'touched' | 'settle' | 'append' | 'reread', offset to read from).
 
     A file whose size and mtime are as recorded is unchanged. Otherwise the bytes read before
     must be the same (`content_sig`) before the resume point is trusted: then a file of the same
-    size was only touched, a longer one grew; anything else is read again from the start."""
+    size was only touched, a longer one grew; anything else is read again from the start. A
+    growing log read before it settled, that has settled since with the same bytes, is read on
+    from where that read stopped: what it held back (an unfinished last line, notices waiting for
+    a step that never came) is the log's end now."""
     st = found.path.stat()
     if not stat.S_ISREG(st.st_mode):
         raise OSError(f"{found.path} is no longer a regular file")
@@ -37,11 +40,14 @@ def plan_file(found: Found, run_id: str, prev: dict | None, appendable: bool) ->
         return "new", 0
     if prev["run_id"] != run_id or prev["format"] != found.format:
         return "reread", 0
-    if st.st_size == prev["size"] and st.st_mtime_ns == prev["mtime_ns"]:
-        return "unchanged", prev["consumed"]
     consumed = prev["consumed"]
+    settle = appendable and prev["settled"] is False and is_settled(found.path, st)
+    if st.st_size == prev["size"] and st.st_mtime_ns == prev["mtime_ns"]:
+        return ("settle", consumed) if settle else ("unchanged", consumed)
     if st.st_size < consumed or prev["content_sig"] != content_sig(found.path, consumed, not appendable):
         return "reread", 0
+    if st.st_size == prev["size"] and settle:
+        return "settle", consumed
     if st.st_size == consumed:
         return "touched", consumed
     return ("append", consumed) if appendable else ("reread", 0)
@@ -83,7 +89,7 @@ def plan_reads(
             report.reread.add(run_id)
             if appendable and (prev["run_id"], prev["format"]) == (run_id, f.format):
                 note_rewrite(w, f, run_id, prev, report)
-        plans.append((f, run_id, offset, prev if action == "append" else None, appendable))
+        plans.append((f, run_id, offset, prev if action in ("append", "settle") else None, appendable))
     plans.sort(key=lambda p: (p[1], not by_name[p[0].format].is_config, str(p[0].path)))
     return [
         (FileTask(str(f.path), str(f.run_dir), f.format, off, prev, appendable), run_id)

@@ -19,6 +19,7 @@ import polars as pl
 
 from ingest.base import Batch, Ingestor, Problem, ReadContext
 from ingest.discover import Found
+from ingest.lines import is_settled
 from ingest.manifest import content_sig, file_row
 from ingest.registry import make_ingestors
 from ingest.report import error_text, problem_row
@@ -148,6 +149,7 @@ def _read_file(
     except OSError as e:
         res.not_read = f"not read: {e.strerror or e}"
         return res
+    settled = is_settled(path, st)  # before reading: what the reader holds back depends on it
     tally = _Tally.resume(ft.prev, ft.offset)
     ctx = ReadContext(run_id, state=tally.state, plugins=dict(plugins), run_config=dict(run_config))
     pending: list = []
@@ -161,7 +163,9 @@ def _read_file(
         res.problems.append(problem_row(ft.path, run_id, failure))
         tally.problems += 1
     res.note = tally.note
-    res.file_row = _manifest_row(ft, run_id, st, tally, ingestor.config_used(ctx.run_config, tally.state))
+    res.file_row = _manifest_row(
+        ft, run_id, st, tally, ingestor.config_used(ctx.run_config, tally.state), settled
+    )
     return res
 
 
@@ -246,8 +250,11 @@ def _read_batches(
     return None
 
 
-def _manifest_row(ft: FileTask, run_id: str, st, tally: _Tally, config_used: str | None) -> dict:
-    """The file's manifest row after this read (`st`: its stat before the read)."""
+def _manifest_row(
+    ft: FileTask, run_id: str, st, tally: _Tally, config_used: str | None, settled: bool
+) -> dict:
+    """The file's manifest row after this read (`st`: its stat before the read; `settled`:
+    whether the file had stopped growing then)."""
     path = Path(ft.path)
     try:
         sig = content_sig(path, tally.consumed, whole=not ft.appendable)
@@ -270,6 +277,7 @@ def _manifest_row(ft: FileTask, run_id: str, st, tally: _Tally, config_used: str
         config_used=config_used,
         contents=json.dumps(dict(sorted(tally.contents.items()))) if tally.contents else None,
         content_sig=sig,
+        settled=settled,
     )
 
 

@@ -6,6 +6,7 @@ import gzip
 import json
 
 from conftest import ingest_paths
+from real_counts import REAL, assert_matches, expected, real_tree_store
 from real_samples import HELLO
 from writers import tbx_scalars
 
@@ -112,3 +113,60 @@ def test_torch_checkpoints_with_metadata_beside_them(store, tmp_path):
     (run / "checkpoints/ckpt_100.json").unlink()
     ingest_paths(store, tmp_path / "r")
     assert store.query("SELECT step FROM checkpoints")["step"].to_list() == [200]
+
+
+D01 = "defects/d01_checkpoints_output_dir"
+
+
+def test_a_run_written_into_a_checkpoints_folder_is_a_run_with_its_checkpoints(tmp_path_factory):
+    """HF `Trainer(output_dir="checkpoints")` (tests/data/real/defects/d01): its trainer_state.json,
+    results and `runs/<stamp>/` event file are one run, the `checkpoint-N/` beside them its
+    checkpoints, never the run's metrics."""
+    store = real_tree_store(tmp_path_factory, {"sft": D01})
+    run = "sft/checkpoints"
+    assert store.query("SELECT run_id, formats, files FROM runs").rows() == [
+        (run, "hf_trainer,tensorboard", 4)
+    ]
+    ckpts = store.query("SELECT run_id, step, kind FROM checkpoints ORDER BY step").rows()
+    assert ckpts == [(run, 20, "hf"), (run, 40, "hf"), (run, 60, "hf")]
+    state = expected(f"{D01}/checkpoints/trainer_state.json")
+    assert_matches(store, run, {k: state[k] for k in ("loss", "grad_norm", "learning_rate", "eval_loss")})
+    tb = expected(f"{D01}/checkpoints/runs")
+    assert_matches(store, run, tb, {k: k.split("/", 1)[1] for k in tb if not k.startswith("_")})
+    # a checkpoint's own trainer_state.json is no source of the run's points
+    sources = store.query("SELECT DISTINCT source_file FROM scalars_all")["source_file"].to_list()
+    assert not any("/checkpoint-" in s for s in sources)
+
+
+def test_a_checkpoint_folder_whose_run_left_no_log_is_read_as_a_run(tmp_path_factory):
+    """`checkpoint-40/` copied on its own (d06): its trainer_state.json is all there is of the run."""
+    store = real_tree_store(tmp_path_factory, {"d06": "defects/d06_checkpoint_alone"})
+    run = "d06/checkpoint-40"
+    runs = store.query("SELECT run_id, formats FROM runs ORDER BY run_id").rows()
+    assert runs == [(run, "hf_trainer"), ("d06/hub_repo_root", "hf_trainer")]
+    assert store.query("SELECT run_id, step FROM checkpoints").rows() == [(run, 40)]
+    state = expected("defects/d06_checkpoint_alone/checkpoint-40/trainer_state.json")
+    assert_matches(store, run, {k: state[k] for k in ("loss", "grad_norm", "eval_loss")})
+
+
+def test_a_git_lfs_pointer_is_named_as_such_and_read_once_pulled(tmp_path_factory):
+    """d09: HF output cloned without its LFS objects: `runs/<stamp>/events.out.tfevents.*` is a
+    129-byte pointer. It is listed with its run and a problem that says what it is and what to
+    do (not "record length corrupt"); once `git lfs pull` puts the content there, it is read."""
+    store = real_tree_store(tmp_path_factory, {"hf": "defects/d09_lfs_pointer"})
+    pointer = "runs/Dec01_22-21-04_vm/events.out.tfevents.1796163664.vm.15059.0"
+    lfs = expected(f"defects/d09_lfs_pointer/{pointer}")["_lfs"]
+    problems = store.query("SELECT path, run_id, kind, message FROM problems").rows()
+    assert len(problems) == 1 and problems[0][0].endswith(pointer) and problems[0][1] == "hf"
+    assert f"Git LFS pointer ({lfs['oid']}, {int(lfs['size']):,} bytes)" in problems[0][3]
+    assert "git lfs pull" in problems[0][3] and "corrupt" not in problems[0][3]
+    row = store.query("SELECT run_id, format, status FROM files WHERE path LIKE '%tfevents%'").rows()
+    assert row == [("hf", None, "error")]
+    again = ingest_paths(store, store.root.parent / "runs")  # reported once, not once per ingest
+    assert again.files_read == 0 and store.query("SELECT count(*) n FROM problems")["n"][0] == 1
+    pulled = REAL / "defects/d01_checkpoints_output_dir/checkpoints" / pointer  # the object it names
+    (store.root.parent / "runs/hf" / pointer).write_bytes(pulled.read_bytes())
+    ingest_paths(store, store.root.parent / "runs")
+    assert store.query("SELECT count(*) n FROM problems")["n"][0] == 0
+    tb = expected("defects/d01_checkpoints_output_dir/checkpoints/runs")
+    assert_matches(store, "hf", tb, {k: k.split("/", 1)[1] for k in tb if not k.startswith("_")})

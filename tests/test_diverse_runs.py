@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import DATA, ingest_paths, q
+from conftest import DATA, ingest_paths
 
 from workbench.store import Store
 
@@ -51,15 +51,14 @@ def failed(kind: str) -> str:
 
 def series(store: Store, run: str, metric: str) -> pl.DataFrame:
     """(step, value) of a canonical metric, the newest write of each step."""
-    return q(
-        store,
+    return store.query(
         f"SELECT step, arg_max(value, wall_time) AS value FROM scalars WHERE run_id = '{run}' "
         f"AND metric = '{metric}' GROUP BY step ORDER BY step",
     )
 
 
 def test_every_run_is_ingested_with_its_label(diverse):
-    got = q(diverse, "SELECT run_id, outcome, onset, kind FROM labels").rows_by_key("run_id", unique=True)
+    got = diverse.query("SELECT run_id, outcome, onset, kind FROM labels").rows_by_key("run_id", unique=True)
     assert set(LABELS) <= set(got)
     for run, e in LABELS.items():
         assert got[run] == (e["outcome"], e.get("onset"), e.get("kind")), run
@@ -119,7 +118,7 @@ def test_recovered_spike_is_one_step(diverse):
 def test_resumed_run_restarts_from_its_last_checkpoint(diverse):
     run = hard("resumed")
     kill = int(LABELS[run]["note"].split("killed (no clean exit) at step ")[1].split(",")[0])
-    edges = q(diverse, f"SELECT kind, parent_run, parent_step FROM lineage WHERE child_run = '{run}'")
+    edges = diverse.query(f"SELECT kind, parent_run, parent_step FROM lineage WHERE child_run = '{run}'")
     assert edges.rows() == [("resume", run, kill // 50 * 50)]
 
 

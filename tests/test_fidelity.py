@@ -11,8 +11,10 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 from conftest import ingest_paths
+from real_counts import expected, real_tree_store
 from real_samples import SAMPLES, sample_store
 from tbparse import SummaryReader
 from writers import tbx_scalars
@@ -86,7 +88,11 @@ def test_deepspeed_monitor_series_land_on_optimizer_steps(store):
         )
         tb = SummaryReader(str(SAMPLES / run / "monitor_tb")).scalars
         tb_steps = sorted(set(tb[tb["tag"] == "Train/Samples/lr"]["step"] // per_step))
-        assert steps(store, run, "Train/Samples/lr") == tb_steps == list(range(1, 401))
+        stored = sorted(set(steps(store, run, "Train/Samples/lr", "scalars_all", "tensorboard")))
+        assert stored == tb_steps == list(range(1, 401))
+        # the monitor, the JSONL and the console agree on lr: one current row per step
+        lr = store.query(f"SELECT step FROM scalars WHERE run_id = '{run}' AND metric = 'lr' ORDER BY step")
+        assert lr["step"].to_list() == list(range(0 if run == "deepspeed_resumed_after_kill" else 1, 401))
     note = store.query(
         "SELECT note FROM files WHERE path LIKE '%default_log_level/monitor_csv/job/Train_Samples_lr.csv'",
     )
@@ -217,7 +223,7 @@ def test_the_console_engine_dump_gives_the_batch_size(tmp_path):
     (run / "ds_config.json").write_text(json.dumps(config))
     s = Store(tmp_path / "store")
     ingest_paths(s, tmp_path / "r")
-    assert steps(s, "ds", "Train/Samples/lr")[-1] == 400
+    assert steps(s, "ds", "Train/Samples/lr", "scalars_all", "deepspeed_monitor_csv")[-1] == 400
     engine = json.loads(s.query("SELECT config FROM runs")["config"][0])["deepspeed_engine"]
     assert engine["train_batch_size"] == 16 and engine["world_size"] == 1
 
@@ -233,3 +239,37 @@ def test_json_files_that_are_no_log_are_skipped(tmp_path):
     assert s.query("SELECT formats FROM runs")["formats"][0] == "tensorboard"
     skipped = s.query("SELECT count(*) n FROM files WHERE status = 'skipped'")["n"][0]
     assert skipped == 3
+
+
+HF_OUT = "defects/d01_checkpoints_output_dir/checkpoints"  # HF Trainer's default output layout
+AGREEING = {
+    "loss": "train/loss",
+    "grad_norm": "train/grad_norm",
+    "lr": "train/learning_rate",
+    "eval_loss": "eval/loss",
+}
+
+
+def test_hf_default_layout_gives_one_row_per_step_of_each_metric(tmp_path_factory):
+    """trainer_state.json logs `loss`, HF's TensorBoard callback `train/loss` in runs/<stamp>/
+    (tests/data/real/defects/d01): both are metric `loss`, and they agree, so `scalars` keeps one
+    row per step (trainer_state's), `scalars_all` keeps both, runs.points counts each step once,
+    and a replay loads one series."""
+    from detectors import replay
+
+    store = real_tree_store(tmp_path_factory, {"hf": HF_OUT})
+    state = expected(f"{HF_OUT}/trainer_state.json")
+    tb = {k.split("/", 1)[1]: v for k, v in expected(f"{HF_OUT}/runs").items() if not k.startswith("_")}
+    for metric, tb_tag in AGREEING.items():
+        rows = store.query(f"SELECT tag, step, value FROM scalars WHERE metric = '{metric}' ORDER BY step")
+        state_tag = {"lr": "learning_rate"}.get(metric, metric)
+        assert rows["step"].is_unique().all() and set(rows["tag"]) == {state_tag}, metric
+        assert rows.height == state[state_tag]["points"] == tb[tb_tag]["points"], metric
+        both = store.query(f"SELECT tag, superseded FROM scalars_all WHERE metric = '{metric}'")
+        assert both.height == 2 * rows.height  # the TensorBoard rows are kept, superseded by source
+        assert both.filter(pl.col("tag") == tb_tag)["superseded"].all(), metric
+    stored = store.query("SELECT count(*) n FROM scalars_all")["n"][0]
+    points = store.query("SELECT points FROM runs")["points"][0]
+    assert points == stored - sum(tb[t]["points"] for t in AGREEING.values())
+    tags = replay.load(store, ["hf"]).tags_frame
+    assert tags.filter(pl.col("metric") == "loss")["tag"].to_list() == ["loss"]

@@ -8,10 +8,12 @@ import shutil
 
 import pytest
 from conftest import DATA, ingest_paths
+from real_samples import HELLO
 from tensorboardX import SummaryWriter
 from writers import tbx_scalars
 
-from ingest import manifest
+from ingest import lines, manifest
+from workbench.store import Store
 
 
 def _snapshot(store):
@@ -169,3 +171,59 @@ def test_a_touched_file_is_checked_not_read(store, tmp_path):
         st.st_mtime + 1, abs=1e-5
     )
     assert ingest_paths(store, tmp_path / "run").files_unchanged == 1  # its new mtime was kept
+
+
+def _views(store) -> dict:
+    """What a user sees of a store (ingest times and file times left out)."""
+    sql = {
+        "scalars_all": "SELECT run_id, tag, step, value, superseded FROM scalars_all",
+        "events": 'SELECT run_id, step, kind, message, attrs, "offset" FROM events',
+        "runs": "SELECT run_id, status, evidence, points, first_step, last_step FROM runs",
+        "problems": "SELECT path, kind, message FROM problems",
+        "files": "SELECT path, consumed, records, points, problems, note, contents FROM files",
+    }
+    return {name: store.query(f"{query} ORDER BY ALL") for name, query in sql.items()}
+
+
+def _differ(a, b) -> list[str]:
+    """The views in which two stores differ."""
+    return [name for name in a if not a[name].equals(b[name])]
+
+
+def _cut_consoles() -> dict[str, str]:
+    """The HelloDeepSpeed console cut as a killed or still running job leaves it, by run: its
+    last line without a newline (at step 40), or ending in OVERFLOW notices (after step 10)."""
+    lines = HELLO.splitlines(keepends=True)
+    at40 = next(i for i, line in enumerate(lines) if "] step=40," in line)
+    at20 = next(i for i, line in enumerate(lines) if "] step=20," in line)
+    assert "OVERFLOW" in lines[at20 - 1]
+    return {
+        "cut_mid_line": "".join(lines[:at40]) + lines[at40].rstrip("\n"),
+        "ends_in_overflows": "".join(lines[:at20]),
+    }
+
+
+def test_a_log_first_read_while_written_converges_to_a_fresh_ingest(tmp_path, monkeypatch):
+    """A console ingested within a minute of its last write holds back what may still change
+    (an unfinished last line; OVERFLOW notices waiting for the next step line); once it has
+    settled, an ingest takes it though the file did not change, and equals a fresh ingest."""
+    texts = _cut_consoles()
+    for run, text in texts.items():
+        (tmp_path / "runs" / run).mkdir(parents=True)
+        (tmp_path / "runs" / run / "stdout.log").write_text(text)  # just written: may still grow
+    store = Store(tmp_path / "store")
+    ingest_paths(store, tmp_path / "runs")
+    last_step = "SELECT max(step) s FROM scalars WHERE run_id = 'cut_mid_line' AND tag = 'skipped'"
+    overflows = "SELECT count(*) n FROM events WHERE run_id = 'ends_in_overflows' AND kind = 'overflow'"
+    assert store.query(last_step)["s"][0] == 30  # the step-40 line is not whole yet
+    assert store.query(overflows)["n"][0] == 10  # the 7 notices after step 10 wait for step 20
+    monkeypatch.setattr(lines, "SETTLED_S", -1)  # a minute later, the files untouched: settled now
+    again = ingest_paths(store, tmp_path / "runs")
+    assert again.files_read == 2
+    fresh = Store(tmp_path / "fresh")
+    ingest_paths(fresh, tmp_path / "runs")
+    assert _differ(_views(store), _views(fresh)) == []
+    assert store.query(last_step)["s"][0] == 40
+    assert store.query(overflows)["n"][0] == texts["ends_in_overflows"].count("OVERFLOW!") == 17
+    third = ingest_paths(store, tmp_path / "runs")
+    assert third.files_read == 0 and _differ(_views(store), _views(fresh)) == []

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 from conftest import DATA, cli, ingest_paths
+from real_counts import REAL, expected, real_tree_store
 from writers import tbx_scalars
 
 from ingest import lineage
@@ -118,9 +120,12 @@ def test_changed_checkpoint_is_reported_on_reingest(tmp_path):
     weights.write_bytes(b"b" * 100)  # same size, new content
     os.utime(weights, (time.time() + 5, time.time() + 5))
     r2 = ingest_paths(store, tmp_path / "runs", hash_checkpoints=True)
-    assert [p.kind for _, p in r2.problems] == ["checkpoint_changed"]
-    msg = r2.problems[0][1].message
-    assert "sha256 differs" in msg and "metadata" in msg
+    assert [p.kind for _, p in r2.problems] == ["checkpoint_changed", "checkpoint_mismatch"]
+    changed, mismatch = (p.message for _, p in r2.problems)
+    assert "sha256 differs" in changed
+    assert mismatch.startswith("ckpt_10.pt (sha256 ") and "ckpt_10.json" in mismatch
+    r3 = ingest_paths(store, tmp_path / "runs", hash_checkpoints=True)  # reported once
+    assert r3.problems == [] and store.query("SELECT count(*) n FROM problems")["n"][0] == 2
 
 
 def test_lineage_cli_tree_and_stitch(samples):
@@ -160,3 +165,51 @@ def test_backtest_reports_recovery_outcomes_per_rule(samples):
     assert (e["recoveries_after_alarm"], e["recoveries_healthy"]) == (3, 3)
     assert (e["recoveries_manual"], e["recoveries_manual_healthy"]) == (1, 1)
     assert (e["recoveries_automatic"], e["recoveries_automatic_healthy"]) == (2, 2)
+
+
+def test_deepspeed_resumed_in_its_folder_right_after_a_save(tmp_path_factory):
+    """d11: DeepSpeed killed right after saving global_step150, resumed in the same folder by a
+    second process; no step is logged by both. The second console's checkpoint load (its model
+    states read twice, then the optimizer's) is one resume event, and the lineage edge."""
+    store = real_tree_store(tmp_path_factory, {"ds": "defects/d11_deepspeed_resume_after_ckpt150"})
+    loads = expected("defects/d11_deepspeed_resume_after_ckpt150/resume.stdout.log")["_checkpoint_loads"]
+    assert len(loads) == 3 and {load["step"] for load in loads} == {150}
+    resumes = store.query("SELECT step, source_file, \"offset\" FROM events WHERE kind = 'resume'").rows()
+    assert len(resumes) == 1
+    step, source, line = resumes[0]
+    assert step == 150 and source.endswith("/resume.stdout.log") and line == loads[0]["line"]
+    segment = store.query(f"SELECT segment FROM files WHERE path = '{source}'")["segment"][0]
+    edges = store.query(
+        "SELECT child_run, child_segment, parent_run, parent_step, parent_checkpoint, kind FROM lineage",
+    )
+    assert [e[:4] + e[5:] for e in edges.rows()] == [("ds", segment, "ds", 150, "resume")]
+    assert edges["parent_checkpoint"][0].endswith("/ckpt/global_step150")
+
+
+def test_checkpoint_copies_are_checked_on_first_sight_and_reported_once(tmp_path_factory):
+    """d16: a torch loop saved ckpt_N.pt with a metadata JSON (sha256, size) and a .tar.zst copy,
+    then overwrote ckpt_100.pt at step 150. The three copies of a checkpoint are one row; with
+    --hash the first ingest says which copy disagrees, and later ingests do not say it again."""
+    root = tmp_path_factory.mktemp("d16") / "runs"
+    store = Store(root.parent / "store")
+    shutil.copytree(REAL / "defects/d16_checkpoint_sha_mismatch", root / "loop")
+    counted = expected("defects/d16_checkpoint_sha_mismatch/checkpoints")
+    first = ingest_paths(store, root, hash_checkpoints=True)
+    assert [(Path(path).name, p.kind) for path, p in first.problems] == [
+        ("ckpt_100.pt", "checkpoint_mismatch")
+    ]
+    message = first.problems[0][1].message
+    bad, good = counted["ckpt_100"]["file_sha256"], counted["ckpt_100"]["metadata_sha256"]
+    assert good == counted["ckpt_100"]["archive_sha256"] != bad
+    assert message.startswith(f"ckpt_100.pt (sha256 {bad[:12]}...) disagrees with ")
+    assert "ckpt_100.tar.zst" in message and "ckpt_100.json" in message and good[:12] in message
+    rows = store.query("SELECT path, step, sha256, copies, verified FROM checkpoints ORDER BY step").rows()
+    assert [(Path(r[0]).name, r[1]) for r in rows] == [("ckpt_100.pt", 100), ("ckpt_200.pt", 200)]
+    for (_, step, sha, copies, verified), name in zip(rows, ("ckpt_100", "ckpt_200"), strict=True):
+        archive = next(c for c in json.loads(copies) if c["kind"] == "archive")
+        assert sha == counted[name]["file_sha256"] and archive["sha256"] == counted[name]["archive_sha256"]
+        assert verified.startswith("mismatch: " if step == 100 else "ok: ")
+    for _ in range(2):
+        again = ingest_paths(store, root, hash_checkpoints=True)
+        assert again.problems == []
+        assert store.query("SELECT kind FROM problems").rows() == [("checkpoint_mismatch",)]

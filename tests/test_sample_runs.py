@@ -110,7 +110,7 @@ def test_fp16_overflow_storm_has_overflow_events_down_to_min_scale(store):
     )
     assert "min_loss_scale" in ev["kind"].to_list()
     scale = store.query(
-        "SELECT step, value FROM scalars WHERE run_id = 'fp16_overflow_storm' AND tag = 'Train/Samples/loss_scale' ORDER BY step",
+        "SELECT step, value FROM scalars WHERE run_id = 'fp16_overflow_storm' AND metric = 'loss_scale' ORDER BY step",
     )
     assert scale.filter(scale["step"] == LABELS["fp16_overflow_storm"]["onset"]).height == 1
     assert scale["value"][-1] <= 2
@@ -172,7 +172,7 @@ def test_recovery_restart_and_its_parent_checkpoint(store):
 def test_resumed_console_log_supersedes_the_killed_one(store):
     """Console logs carry no wall time: the resumed log (first step 200) follows the killed one."""
     rows = store.query(
-        """SELECT source_file LIKE '%resume.stdout.log' AS resumed, count(*) n, count(*) FILTER (WHERE superseded) sup
+        """SELECT source_file LIKE '%resume.stdout.log' AS resumed, count(*) n, count(*) FILTER (WHERE superseded_by = 'later') sup
                        FROM scalars_all WHERE run_id = 'resumed_after_kill' AND tag = 'train_loss' GROUP BY ALL ORDER BY resumed""",
     ).rows()
     assert rows == [(False, 230, 30), (True, 200, 0)]

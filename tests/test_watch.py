@@ -17,6 +17,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import ingest_paths
 from rich.console import Console
 from tensorboardX import SummaryWriter
 
@@ -85,10 +86,19 @@ class Job:
 
 
 def live_and_replay(store: Store) -> tuple[pl.DataFrame, pl.DataFrame]:
-    replay(store, RULES, None)
-    alerts = store.connect().sql("SELECT * FROM alerts").pl()
-    pick = lambda s: alerts.filter(pl.col("source") == s).select(COLS).sort(COLS[:4])  # noqa: E731
-    return pick("live"), pick("replay")
+    """The alerts the watch stored, and those a replay of the same rules over the finished logs
+    computes; after it the store holds each interval once, as the watch first raised it."""
+    live = store.connect().sql("SELECT * FROM alerts WHERE source = 'live'").pl()
+    replayed = replay(store, RULES, None).alerts
+    after = store.connect().sql("SELECT * FROM alerts").pl()
+    assert after.select(COLS[:4]).is_unique().all() and after.height == replayed.height
+    assert (
+        after.filter(pl.col("source") == "live")
+        .select("rule", "step_start", "raised_at")
+        .sort("rule", "step_start")
+        .equals(live.select("rule", "step_start", "raised_at").sort("rule", "step_start"))
+    )
+    return live.select(COLS).sort(COLS[:4]), replayed.select(COLS).sort(COLS[:4])
 
 
 def test_watch_follows_a_writer_and_equals_replay(tmp_path):
@@ -216,3 +226,39 @@ def test_cli_watch_until_finished(tmp_path):
     assert p.stdout == "" and "1 alerts in what was already logged" in p.stderr
     alerts = Store(tmp_path / "store").connect().sql("SELECT rule, step_start, source FROM alerts").pl()
     assert alerts.rows() == [("nan", 170, "live")]
+
+
+def test_one_alert_per_interval_with_where_it_was_first_raised(tmp_path):
+    """A watch raises alerts live; a replay of the same rule file over the finished log finds
+    the same intervals and adds none (issue #24, defect 12); a watch after a replay adds none
+    either. Each interval is one row saying where and when it was first raised."""
+    runs = tmp_path / "runs"
+    job = Job(runs / "job")
+    watched = Store(tmp_path / "watched")
+    w = Watch([runs], watched, RULES, console=QUIET)
+    for step in range(200):
+        job.log(step)
+        if step % 40 == 39:
+            w.poll()
+    job.close()
+    w.poll(final=True)
+    key = ["run_id", "rule", "tag", "step_start"]
+    raised = watched.connect().sql("SELECT * FROM alerts").pl().sort(key)
+    assert (
+        raised.height >= 4 and set(raised["source"]) == {"live"} and raised["raised_at"].is_not_null().all()
+    )
+    for _ in range(2):  # a replay, and another one
+        replay(watched, RULES, None)
+        stored = watched.connect().sql("SELECT * FROM alerts").pl().sort(key)
+        assert stored.select(key).equals(raised.select(key))  # one row per interval
+        assert stored["source"].to_list() == ["live"] * raised.height
+        assert stored["raised_at"].equals(raised["raised_at"])  # when the watch raised it
+
+    replayed = Store(tmp_path / "replayed")  # the other way round: a replay, then a watch
+    ingest_paths(replayed, runs)
+    replay(replayed, RULES, None)
+    first = replayed.connect().sql("SELECT * FROM alerts").pl().sort(key)
+    Watch([runs], replayed, RULES, console=QUIET).poll(final=True)
+    stored = replayed.connect().sql("SELECT * FROM alerts").pl().sort(key)
+    assert stored.select(key).equals(first.select(key)) and stored.select(key).equals(raised.select(key))
+    assert set(stored["source"]) == {"replay"} and stored["raised_at"].is_null().all()

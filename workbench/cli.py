@@ -124,7 +124,8 @@ def _executor(name, address):
     "--hash",
     "hash_checkpoints",
     is_flag=True,
-    help="Hash checkpoint files (sha256) and check them against their metadata and the last ingest.",
+    help="Hash checkpoint files (sha256) when first seen or changed, and check each against its "
+    "copies (metadata JSON, .tar/.tar.gz/.tar.zst archive) and the last ingest.",
 )
 @click.option(
     "--wait",
@@ -260,8 +261,9 @@ def sql(query, store, fmt):
     """Run a read-only SQL query (DuckDB dialect) over the store's views.
 
     \b
-    Views: runs, files, scalars (current points, unique on run_id, tag, step),
-    scalars_all (every stored point, with source, segment, superseded),
+    Views: runs, files, scalars (current points, unique on run_id, tag, step, and
+    on run_id, metric, step where sources agree), scalars_all (every stored
+    point, with source, segment, superseded, superseded_by),
     events, problems, checkpoints, lineage, labels, alerts, file_tags.
 
     \b

@@ -24,6 +24,14 @@ def _step_in(path: str) -> int | None:
     return int(next(g for g in gs.groups() if g)) if gs else None
 
 
+def _checkpoint_of(path: str) -> str:
+    """The checkpoint a loaded file belongs to: its path up to the part that names the step
+    (`ckpt/global_step150` of `ckpt/global_step150/mp_rank_00_model_states.pt`), else the path."""
+    parts = path.split("/")
+    at = next((i for i, part in enumerate(parts) if STEP_IN_PATH.search(part)), len(parts) - 1)
+    return "/".join(parts[: at + 1])
+
+
 def run_event(p: TextParser, line: str) -> str | None:
     if "RECOVERY TRIGGERED" in line and (m := RECOVERY.search(line)):
         try:
@@ -38,8 +46,14 @@ def run_event(p: TextParser, line: str) -> str | None:
         p.add_event(p.step if step is None else step, "checkpoint", line.strip(), {"path": path})
         return "checkpoint"
     if "heckpoint" in line and (m := LOADED.search(line)):
-        step = _step_in(m["path"])
-        p.add_event(step, "resume", line.strip(), {"path": m["path"]})
+        path = m["path"].rstrip(".")  # DeepSpeed ends it with "..."
+        step, checkpoint = _step_in(path), _checkpoint_of(path)
+        # one load reads several files of one checkpoint (DeepSpeed 0.19: the model states twice,
+        # then the optimizer's): one resume, until a step line says training went on
+        if p.last_load == [checkpoint, p.step]:
+            return "checkpoint_load"
+        p.last_load = [checkpoint, p.step]
+        p.add_event(step, "resume", line.strip(), {"path": path, "checkpoint": checkpoint})
         p.checkpoint_loaded(step)
         return "checkpoint_load"
     return None

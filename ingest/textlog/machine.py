@@ -138,6 +138,7 @@ class TextParser(LineParser):
         self.no_step_reported = self.no_step
         self.placed = state.get("placed", 0)  # points stored from this file so far
         self.marks: dict = state.get("marks", {})  # what a dialect keeps between lines (JSON values)
+        self.last_load = state.get("last_load")  # [checkpoint, step] of the last checkpoint load
 
     def state(self) -> dict:
         return {
@@ -156,6 +157,7 @@ class TextParser(LineParser):
             "placed": self.placed,
             "first_wall": self.first_wall,
             "marks": self.marks,
+            "last_load": self.last_load,
         }
 
     # ---- placing values and events ---------------------------------------------------------

@@ -5,8 +5,10 @@
 - karpathy/nanoGPT's `train.py`: `iter 70: loss 3.0928, time 343.78ms[, mfu 0.05%]` every
   log_interval (`loss`, `time_ms`, `mfu`; the `mfu -100.00%` of the first iterations says it is
   not measured yet and is no point), and its evaluation `step 80: train loss 2.95, val loss
-  2.99`, stored under the names nanoGPT gives them in W&B (`train/loss`, `val/loss`).
-  llama2.c's `train.py` prints the same evaluation line.
+  2.99`: `val/loss` as nanoGPT names it in W&B, and the train split's loss estimated at the
+  evaluation as `train/loss_estimate` (W&B's `train/loss`): it is no second value of the
+  training loss beside the iteration's `loss` at the same step. llama2.c's `train.py` prints the
+  same evaluation line.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def values(p: TextParser, line: str) -> str | None:
         return "nanogpt_iter"
     if line.startswith("step ") and (m := EVAL.match(line)):
         p.at_step(int(m["step"]))
-        p.point("train/loss", float(m["train"]))
+        p.point("train/loss_estimate", float(m["train"]))
         p.point("val/loss", float(m["val"]))
         return "nanogpt_eval"
     return None

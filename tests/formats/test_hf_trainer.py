@@ -55,7 +55,28 @@ def test_trl_checkpoint_state_is_not_completed(store):
     ev = store.scalars(run, tag="eval_loss")
     assert ev.height == 14 and ev["step"].to_list() == list(range(200, 3000, 200))
     status = store.query(f"SELECT status, evidence FROM runs WHERE run_id = '{run}'").row(0)
-    assert status[0] != "completed" and "2800" in status[1]
+    assert status[0] == "checkpoint" and "2800" in status[1]
+
+
+def test_a_checkpoint_published_alone_is_a_checkpoint_not_a_crash(tmp_path_factory):
+    """checkpoint-40/ of a 60-step run, alone and as a Hub repository's root (tests/data/real/
+    defects/d06): its trainer_state.json never has the final summary, and stopping short of
+    max_steps is no evidence of a crash; the finished run's own state (d01) is completed."""
+    store = real_tree_store(
+        tmp_path_factory,
+        {"d06": "defects/d06_checkpoint_alone", "done": "defects/d01_checkpoints_output_dir"},
+    )
+    counted = expected("defects/d06_checkpoint_alone/hub_repo_root/trainer_state.json")
+    runs = store.query("SELECT run_id, status, evidence, last_step FROM runs ORDER BY run_id").rows()
+    assert [r[:2] for r in runs] == [
+        ("d06/checkpoint-40", "checkpoint"),
+        ("d06/hub_repo_root", "checkpoint"),
+        ("done/checkpoints", "completed"),
+    ]
+    for _, _, evidence, last_step in runs[:2]:
+        assert f"global_step {counted['_global_step']} of max_steps {counted['_max_steps']}" in evidence
+        assert last_step == counted["_global_step"] == 40
+    assert store.query("SELECT count(*) n FROM labels")["n"][0] == 0  # no auto label of a failure
 
 
 # ---- the final log_history entry (issue #24, defect 8): tests/data/real/defects/d08_final_entry

@@ -56,6 +56,44 @@ RANKED_RUNS = """
     UNION SELECT run_id FROM _multi_source WHERE list_contains(?1, run_id)"""
 
 
+# per direct run, the tags of a metric whose sources agree, with their source's precedence: the
+# `scalars` view keeps one row per step of them (the strongest source's), and so does `load`
+AGREEING_TAGS = """
+    SELECT g.run_id, g.tag, g.metric, min(coalesce(s.precedence, 1000000)) AS precedence
+    FROM _agreeing g JOIN _chunks c ON c.run_id = g.run_id JOIN _chunk_tags ct ON ct.chunk_id = c.chunk_id AND ct.tag = g.tag
+    LEFT JOIN _sources s ON s.source = c.source
+    WHERE list_contains(?, g.run_id) GROUP BY g.run_id, g.tag, g.metric
+    ORDER BY g.run_id, g.metric, starts_with(g.tag, 'derived/'), precedence, g.tag"""
+
+
+def _agreeing_kept(groups: list[tuple], at: dict[str, int], tags: list[str], rid, tid, step) -> np.ndarray:
+    """Which of these points are current when sources agree on a metric (`groups`, rows of
+    AGREEING_TAGS in rank order): at a step that several tags of one group log, the first
+    tag's point only, as the `scalars` view keeps it (a mask; all True without groups)."""
+    keep = np.ones(len(rid), bool)
+    if not groups:
+        return keep
+    tag_at = {t: i for i, t in enumerate(tags)}
+    group_ids: dict[tuple[str, str], int] = {}
+    members, group_of, rank = [], [], []
+    for i, (run, tag, metric, _) in enumerate(groups):
+        members.append(at[run] * len(tags) + tag_at[tag])
+        group_of.append(group_ids.setdefault((run, metric), len(group_ids)))
+        rank.append(i)
+    order = np.argsort(members)
+    members_a = np.asarray(members, np.int64)[order]
+    group_a, rank_a = np.asarray(group_of, np.int64)[order], np.asarray(rank, np.int64)[order]
+    codes = rid.astype(np.int64) * len(tags) + tid
+    idx = np.flatnonzero(np.isin(codes, members_a))
+    pos = np.searchsorted(members_a, codes[idx])
+    g, r, s = group_a[pos], rank_a[pos], step[idx]
+    by = np.lexsort((r, s, g))  # by group, step, then rank: the first of a (group, step) is kept
+    gs, ss = g[by], s[by]
+    first = np.r_[True, (gs[1:] != gs[:-1]) | (ss[1:] != ss[:-1])] if len(by) else np.zeros(0, bool)
+    keep[idx[by[~first]]] = False
+    return keep
+
+
 def _enum(names: list[str]) -> str:
     """A DuckDB ENUM type of these names: a column cast to it comes back as dictionary codes."""
     return "ENUM(" + ", ".join("'" + n.replace("'", "''") + "'" for n in names) + ")" if names else "VARCHAR"
@@ -77,8 +115,9 @@ def load(con: duckdb.DuckDBPyConnection, runs: list[str]) -> tuple[Coded, pl.Dat
     """Every current point of these runs (sorted run ids) as codes, and their events (run_id,
     step, kind, attrs), from a connection to the store."""
     # runs where no point of one file is superseded by another file's, and no tag is logged by
-    # two sources: their current points are the parts' rows not superseded inside their chunk,
-    # read without the `scalars` view's ranking; the others through it
+    # two sources: their current points are the parts' rows not superseded inside their chunk
+    # (less an agreeing source's duplicates of a metric), read without the `scalars` view's
+    # ranking; the others through it
     ranked = sorted(r for (r,) in con.execute(RANKED_RUNS, [runs]).fetchall())
     direct = [r for r in runs if r not in set(ranked)]
     tag_rows = con.execute(
@@ -102,8 +141,13 @@ def load(con: duckdb.DuckDBPyConnection, runs: list[str]) -> tuple[Coded, pl.Dat
     ).to_arrow_table()
     chunk_ids = np.array([c for c, _ in chunks], np.int64)
     chunk_run = np.array([r for _, r in chunks], np.int32)
-    rid = [chunk_run[np.searchsorted(chunk_ids, parts["chunk_id"].to_numpy())]]
-    tid, step, value = [_codes(parts["tag"], tags)], [parts["step"].to_numpy()], [parts["value"].to_numpy()]
+    d_rid = chunk_run[np.searchsorted(chunk_ids, parts["chunk_id"].to_numpy())]
+    d_tid, d_step, d_value = _codes(parts["tag"], tags), parts["step"].to_numpy(), parts["value"].to_numpy()
+    groups = con.execute(AGREEING_TAGS, [direct]).fetchall()
+    if groups:
+        kept = _agreeing_kept(groups, at, tags, d_rid, d_tid, d_step)
+        d_rid, d_tid, d_step, d_value = d_rid[kept], d_tid[kept], d_step[kept], d_value[kept]
+    rid, tid, step, value = [d_rid], [d_tid], [d_step], [d_value]
     if ranked:
         view = con.sql(
             f"SELECT run_id::{_enum(runs)} AS run_id, tag::{_enum(tags)} AS tag, step, value FROM scalars "

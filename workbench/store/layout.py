@@ -271,11 +271,13 @@ def read_manifest(gen: Path) -> dict | None:
 
 
 def read_derived(table: str, generation: Path | None) -> pl.DataFrame:
-    """A derived table of a generation (empty when it has none yet)."""
+    """A derived table of a generation (empty when it has none yet), in today's columns."""
     path = generation / f"{table}.parquet" if generation is not None else None
+    sch = schema.DERIVED_TABLES[table]
     if path is None or not path.exists():
-        return schema.empty(schema.DERIVED_TABLES[table])
-    return pl.read_parquet(path)
+        return schema.empty(sch)
+    df = pl.read_parquet(path)
+    return df.select([pl.col(c) if c in df.columns else pl.lit(None, t).alias(c) for c, t in sch.items()])
 
 
 def fsync_file(path: Path) -> None:

@@ -298,20 +298,27 @@ def ranked_points(run_id: str) -> Query:
 def agreement_points(run_ids: list[str]) -> Query:
     """The current points that cross-source agreement compares, of these runs: per run and
     canonical metric logged by several sources, each source's tag with the most points
-    (derived series aside); run_id, metric, source, tag, step, value, source_file."""
+    (derived series aside; of tags as long, such as MoE's per-layer series of one metric, the
+    first by name, so that every ingest picks the same); run_id, metric, source, tag, step,
+    value, source_file."""
     return Query(
         """WITH cur AS (SELECT run_id, metric, source, tag, step, value, source_file
                         FROM _points WHERE NOT superseded AND metric IS NOT NULL AND list_contains(?, run_id)
                         AND NOT starts_with(tag, 'derived/')),
-                best AS (SELECT run_id, metric, source, arg_max(tag, n) AS tag FROM (
+                best AS (SELECT run_id, metric, source, tag FROM (
                              SELECT run_id, metric, source, tag, count(*) AS n FROM cur GROUP BY ALL)
-                         GROUP BY ALL),
+                         QUALIFY row_number() OVER (PARTITION BY run_id, metric, source ORDER BY n DESC, tag) = 1),
                 multi AS (SELECT run_id, metric FROM best GROUP BY ALL HAVING count(*) > 1)
            SELECT cur.run_id, cur.metric, cur.source, cur.tag, cur.step, cur.value, cur.source_file
            FROM cur SEMI JOIN multi USING (run_id, metric) SEMI JOIN best USING (run_id, metric, source, tag)
            ORDER BY ALL""",
         [run_ids],
     )
+
+
+def source_ranks() -> Query:
+    """(source, precedence) of every source kind: the lower, the stronger its claim to a step."""
+    return Query("SELECT source, precedence FROM _sources")
 
 
 # ---- events, alerts, labels, lineage, problems -----------------------------------------------

@@ -39,6 +39,10 @@ FILES = {
     "state": pl.String,  # JSON: the ingestor's resume state (line number, current step, ...)
     "config_used": pl.String,  # what the reading took from the run's configuration (re-read when it changes)
     "ingested_at": pl.Float64,
+    # unwritten for SETTLED_S when read: a read of a file still being written holds back what may
+    # still change (an unfinished last line or record, notices waiting for a later step) and the
+    # next ingest after it settles takes it, though the file did not change (null: not known)
+    "settled": pl.Boolean,
 }
 
 CHUNKS = {
@@ -116,6 +120,12 @@ CHECKPOINTS = {
     "files": pl.Int64,
     "metadata": pl.String,  # JSON: trainer_state fields, DeepSpeed `latest`, torch metadata (sha256, parent, ...)
     "sha256": pl.String,  # of the file (or of a folder's files), with `ingest --hash`
+    # JSON: the other copies of a torch checkpoint ([{kind: metadata | archive, path, size, mtime,
+    # sha256 of the file in the archive}]), or null
+    "copies": pl.String,
+    # whether the copies agree ("ok: ckpt_100.pt = ckpt_100.tar.zst = ckpt_100.json", or
+    # "mismatch: ..."), checked when the checkpoint is first seen or changed; null: not checked
+    "verified": pl.String,
 }
 
 # Manual labels (labels.toml files, `workbench label`); auto labels are derived in the view.
@@ -188,8 +198,9 @@ EVIDENCE = {
     "failure": pl.String,  # the failure kind an automatic label takes from it, or null
     "wall_time": pl.Float64,  # when it was written, if known: records written after it make it stale
 }
-# strongest first; `incomplete` (stopped before its planned end, no crash seen) reads as crashed
-STATUS_EVIDENCE = ("diverged", "crashed", "completed", "incomplete")
+# strongest first; `incomplete` (stopped before its planned end, no crash seen) reads as crashed;
+# `checkpoint` (the logs are a checkpoint's snapshot of a run, which went on past it) is the status
+STATUS_EVIDENCE = ("diverged", "crashed", "completed", "incomplete", "checkpoint")
 
 # Lineage edges, derived from a whole generation at ingest (see ingest.lineage).
 LINEAGE = {
@@ -217,6 +228,9 @@ AGREEMENT = {
     "common_steps": pl.Int64,
     "agree": pl.Float64,  # share of the common steps whose values agree
     "verdict": pl.String,  # ok | offset | scaled | disagree | few
+    # ok pairs: the weaker source's points at steps the stronger keeps (each such point counted
+    # once, on its pair with the strongest agreeing source that logs its step): superseded by source
+    "superseded": pl.Int64,
 }
 DERIVED_TABLES = {"lineage": LINEAGE, "agreement": AGREEMENT}
 

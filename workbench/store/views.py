@@ -5,7 +5,11 @@ were written: files by their first wall time (then first step, then path), chunk
 rows in file order. A point is superseded when a later point has a step <= its own, as
 TensorBoard's loader does when a resumed writer logs step 100 again. When several sources of a
 run log a tag at the same step, the source with the lowest precedence (table `sources`) keeps
-the current row. The view `scalars` keeps the current rows, so it is unique on (run_id, tag, step).
+the current row; so it does for a metric that two sources log under different tags when they
+agree (table `agreement`: HF's trainer_state `loss` and TensorBoard `train/loss`), and a series
+derived from notices (`derived/loss_scale`) yields to a logged one of its metric. The view
+`scalars` keeps the current rows, so it is unique on (run_id, tag, step), and on (run_id, metric,
+step) where sources agree; `scalars_all` says why a point is not current (`superseded_by`).
 
 Run status comes from end-of-run evidence rows (table `evidence`, written by the readers) and
 from the points themselves (a non-finite last loss), strongest first, with the evidence in words.
@@ -140,18 +144,41 @@ def view_statements(root: Path, gen: Path) -> list[str]:
            LEFT JOIN _sources s ON s.source = c.source
            LEFT JOIN _cutoffs k ON k.chunk_id = p.chunk_id AND k.tag = p.tag
            LEFT JOIN _tag_metric m ON m.tag = p.tag""",
-        # tags that several sources of a run log: only these need the cross-source ranking
+        # tags that several sources of a run log: only these, and the tags of a metric that
+        # agreeing sources log under different names, need the cross-source ranking
         """CREATE OR REPLACE VIEW _multi_source AS
            SELECT c.run_id, ct.tag FROM _chunk_tags ct JOIN _chunks c USING (chunk_id)
            GROUP BY ALL HAVING count(DISTINCT c.source) > 1""",
+        # per run, the tags of one metric that are one series: those whose sources agree (HF's
+        # trainer_state `loss` and its TensorBoard callback's `train/loss`), and a derived series
+        # (rebuilt from notices, `derived/loss_scale`) with the logged series of its metric
+        """CREATE OR REPLACE VIEW _agreeing AS
+           WITH tags AS (SELECT DISTINCT c.run_id, ct.tag, m.metric FROM _chunk_tags ct JOIN _chunks c USING (chunk_id)
+                         JOIN _tag_metric m USING (tag) WHERE m.metric IS NOT NULL),
+                derived AS (SELECT run_id, tag, metric FROM tags WINDOW w AS (PARTITION BY run_id, metric)
+                            QUALIFY bool_or(starts_with(tag, 'derived/')) OVER w AND count(*) OVER w > 1)
+           SELECT DISTINCT run_id, tag, metric FROM (
+               SELECT run_id, tag_a AS tag, metric FROM _agreement WHERE verdict = 'ok'
+               UNION ALL SELECT run_id, tag_b, metric FROM _agreement WHERE verdict = 'ok'
+               UNION ALL SELECT run_id, tag, metric FROM derived)""",
+        # `grp`: the metric for agreeing tags (ranked by metric and step), else null (by tag and step)
+        """CREATE OR REPLACE VIEW _ranked_tags AS
+           SELECT run_id, tag, max(grp) AS grp FROM (
+               SELECT run_id, tag, NULL::VARCHAR AS grp FROM _multi_source
+               UNION ALL SELECT run_id, tag, metric FROM _agreeing)
+           GROUP BY run_id, tag""",
+        # superseded_by: 'later' (a later point of the same source and tag: a resume), 'source'
+        # (another source keeps the step: see the module docstring)
         """CREATE OR REPLACE VIEW scalars_all AS
-           SELECT * EXCLUDE (source_rank) FROM _points p
-           WHERE NOT EXISTS (SELECT 1 FROM _multi_source ms WHERE ms.run_id = p.run_id AND ms.tag = p.tag)
+           SELECT * EXCLUDE (source_rank), CASE WHEN superseded THEN 'later' END AS superseded_by FROM _points p
+           WHERE NOT EXISTS (SELECT 1 FROM _ranked_tags ms WHERE ms.run_id = p.run_id AND ms.tag = p.tag)
            UNION ALL
-           SELECT * EXCLUDE (source_rank, current_rank) REPLACE (superseded OR current_rank > 1 AS superseded)
-           FROM (SELECT p.*, CASE WHEN p.superseded THEN 0 ELSE row_number() OVER (
-                     PARTITION BY p.run_id, p.tag, p.step, p.superseded ORDER BY p.source_rank) END AS current_rank
-                 FROM _points p SEMI JOIN _multi_source ms ON ms.run_id = p.run_id AND ms.tag = p.tag)""",
+           SELECT * EXCLUDE (source_rank, current_rank, grp) REPLACE (superseded OR current_rank > 1 AS superseded),
+                  CASE WHEN superseded THEN 'later' WHEN current_rank > 1 THEN 'source' END AS superseded_by
+           FROM (SELECT p.*, ms.grp, CASE WHEN p.superseded THEN 0 ELSE row_number() OVER (
+                     PARTITION BY p.run_id, ms.grp, CASE WHEN ms.grp IS NULL THEN p.tag END, p.step, p.superseded
+                     ORDER BY starts_with(p.tag, 'derived/'), p.source_rank, p.tag) END AS current_rank
+                 FROM _points p JOIN _ranked_tags ms ON ms.run_id = p.run_id AND ms.tag = p.tag)""",
         """CREATE OR REPLACE VIEW scalars AS
            SELECT run_id, tag, metric, step, wall_time, value FROM scalars_all
            WHERE NOT superseded""",
@@ -187,7 +214,7 @@ def view_statements(root: Path, gen: Path) -> list[str]:
         "CREATE OR REPLACE VIEW deliveries AS SELECT alert_id, run_id, rule, step_start, outcome, "
         "to_timestamp(notified_at) AS notified_at, detail FROM _deliveries",
         "CREATE OR REPLACE VIEW checkpoints AS SELECT run_id, step, path, kind, to_timestamp(wall_time) AS wall_time, "
-        "size, files, metadata, sha256 FROM _checkpoints",
+        "size, files, metadata, sha256, copies, verified FROM _checkpoints",
         # per run and canonical metric: the values that turned NaN/Inf after a finite one and
         # stayed so to the end (the last loss; 3+ values of any other metric)
         # (the last finite step from the chunk lists; past it every point is non-finite, so only
@@ -243,14 +270,16 @@ def view_statements(root: Path, gen: Path) -> list[str]:
                       min(first_wall_time) AS first_wall_time,
                       max(mtime_ns) AS last_mtime_ns, max(ingested_at) AS ingested_at
                FROM _files WHERE format IS NOT NULL GROUP BY run_id),
-           seg AS (SELECT run_id, count(*) AS segments FROM _file_order GROUP BY run_id)
+           seg AS (SELECT run_id, count(*) AS segments FROM _file_order GROUP BY run_id),
+           -- a step of a metric that two agreeing sources log is one point
+           dup AS (SELECT run_id, sum(superseded) AS points FROM _agreement WHERE verdict = 'ok' GROUP BY run_id)
            SELECT fl.run_id, rs.status, rs.evidence, fl.formats, fl.files, seg.segments,
-                  coalesce(pts.points, 0) AS points, coalesce(pts.tags, 0) AS tags,
+                  coalesce(pts.points, 0) - coalesce(dup.points, 0) AS points, coalesce(pts.tags, 0) AS tags,
                   pts.first_step, pts.last_step,
                   to_timestamp(fl.first_wall_time) AS started,
                   to_timestamp(fl.last_mtime_ns / 1e9) AS last_write,
                   fl.problems, rc.config, to_timestamp(fl.ingested_at) AS ingested_at
-           FROM fl LEFT JOIN pts USING (run_id) LEFT JOIN seg USING (run_id)
+           FROM fl LEFT JOIN pts USING (run_id) LEFT JOIN seg USING (run_id) LEFT JOIN dup USING (run_id)
            LEFT JOIN _run_config rc USING (run_id)
            LEFT JOIN _run_status rs USING (run_id)""",
         "CREATE OR REPLACE VIEW lineage AS SELECT * FROM _lineage",
@@ -308,7 +337,9 @@ def run_status_sql() -> str:
     hparams status, HF Trainer's final summary, a launcher's clean exit). `running?`: no end
     evidence and the run's last record was written in the last 10 minutes (by its own
     timestamps: file times mean nothing after a copy). incomplete evidence (stopped before its
-    planned end) reads as crashed. Otherwise unknown.
+    planned end) reads as crashed. checkpoint: the logs are a checkpoint's snapshot (HF's
+    trainer_state.json of a checkpoint published alone), no evidence of how the run ended.
+    Otherwise unknown.
     """
     order = " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(schema.STATUS_EVIDENCE))
     return f"""
@@ -332,13 +363,14 @@ def run_status_sql() -> str:
             WHEN ev_status IN ('crashed', 'completed') THEN ev_status
             WHEN age_s < 600 THEN 'running?'
             WHEN ev_status = 'incomplete' THEN 'crashed'
+            WHEN ev_status = 'checkpoint' THEN 'checkpoint'
             ELSE 'unknown' END AS status,
           CASE
             WHEN ev_status = 'diverged' THEN ev_message
             WHEN nf_message IS NOT NULL THEN nf_message
             WHEN ev_status IN ('crashed', 'completed') THEN ev_message
             WHEN age_s < 600 THEN 'no end-of-run evidence yet; last record ' || round(age_s / 60)::BIGINT::VARCHAR || ' min ago'
-            WHEN ev_status = 'incomplete' THEN ev_message
+            WHEN ev_status IN ('incomplete', 'checkpoint') THEN ev_message
             ELSE 'no end-of-run evidence in the logs' END AS evidence
         FROM facts
     """

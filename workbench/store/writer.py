@@ -71,6 +71,10 @@ SHARED_ROWS = 1 << 22  # points of small chunks gathered before they are written
 KEYED = {"files": "path", "run_config": "run_id"}  # tables with one row per key
 
 
+def _inside(folder: str) -> pl.Expr:
+    return pl.col("path").str.starts_with(folder.rstrip("/") + "/") | (pl.col("path") == folder)
+
+
 class StoreWriter:
     """Stages changes to the store; nothing is visible until `commit()`."""
 
@@ -310,7 +314,10 @@ class StoreWriter:
         self, rule_ids: list[str], runs: list[str], alerts: pl.DataFrame, source: str = "replay"
     ) -> None:
         """Replace the alerts from `source` (a replay, or a live watch) of these rules on these
-        runs; rows without `raised_at` get null."""
+        runs; rows without `raised_at` get null. One alert per (run, rule, tag, step_start): an
+        interval the other source raised first keeps its row's `source` and `raised_at` (where
+        and when it was first raised) and takes the new values (a replay over the finished log
+        knows its end)."""
         if source not in schema.ALERT_SOURCES:
             raise ValueError(f"alert source must be one of {schema.ALERT_SOURCES}, got {source!r}")
         if "raised_at" not in alerts.columns:
@@ -318,11 +325,27 @@ class StoreWriter:
         mine = pl.col("source") == source
         if source == "replay":
             mine = mine | pl.col("source").is_null()  # stored before alerts had a source
-        self._replace(
-            "alerts",
-            ~(mine & pl.col("rule").is_in(rule_ids) & pl.col("run_id").is_in(runs)),
-            alerts.with_columns(source=pl.lit(source)),
+        scope = pl.col("rule").is_in(rule_ids) & pl.col("run_id").is_in(runs)
+        key = ["run_id", "rule", "tag", "step_start"]
+        table = self.table("alerts")
+        first = (
+            table.filter(scope & ~mine)
+            .select(*key, first_source="source", first_raised="raised_at")
+            .unique(subset=key, keep="first", maintain_order=True)
         )
+        new = (
+            alerts.with_columns(source=pl.lit(source))
+            .join(first, on=key, how="left", nulls_equal=True)
+            .with_columns(
+                source=pl.coalesce("first_source", "source"),
+                raised_at=pl.when(pl.col("first_source").is_null())
+                .then(pl.col("raised_at"))
+                .otherwise(pl.col("first_raised")),
+            )
+            .select(list(schema.ALERTS))
+        )
+        kept = table.filter(~(scope & mine)).join(new.select(key), on=key, how="anti", nulls_equal=True)
+        self._replace("alerts", pl.lit(False), pl.concat([kept, new], how="vertical_relaxed"))
 
     def set_deliveries(self, rows: list[dict]) -> None:
         """Record what a watch did with these alerts (DELIVERIES rows; one per alert id, the
@@ -346,12 +369,15 @@ class StoreWriter:
             keep = keep | ~pl.col("run_id").is_in([r["run_id"] for r in rows])
         self._replace("labels", keep, [{**r, "origin": origin} for r in rows])
 
+    def checkpoints_in(self, folder: str) -> dict[str, dict]:
+        """The checkpoints recorded in `folder` (or that are `folder`), by path."""
+        return {r["path"]: r for r in self.table("checkpoints").filter(_inside(folder)).iter_rows(named=True)}
+
     def set_checkpoints(self, folder: str, rows: list[dict]) -> dict[str, dict]:
         """Replace what is known of the checkpoints in `folder` (they come and go with rotation);
         returns the rows recorded before, by path, so the caller can tell what changed."""
-        inside = pl.col("path").str.starts_with(folder.rstrip("/") + "/") | (pl.col("path") == folder)
-        before = {r["path"]: r for r in self.table("checkpoints").filter(inside).iter_rows(named=True)}
-        self._replace("checkpoints", ~inside, rows)
+        before = self.checkpoints_in(folder)
+        self._replace("checkpoints", ~_inside(folder), rows)
         return before
 
     def set_sources(self, precedence: list[str]) -> None:
