@@ -79,12 +79,12 @@ def steps_received(got: list[tuple[str, dict]]) -> list[int]:
 
 
 def live_and_replayed(store: Store) -> tuple[list[tuple], list[tuple]]:
-    replay(store, RULES, None)
-    alerts = store.alerts()
-    rows = lambda source: sorted(  # noqa: E731
-        alerts.filter(pl.col("source") == source).select("run_id", "rule", "step_start", "step_end").rows()
-    )
-    return rows("live"), rows("replay")
+    """The alerts the watch stored, and those a replay of the finished logs computes (the store
+    keeps each interval once, as the watch first raised it)."""
+    cols = ["run_id", "rule", "step_start", "step_end"]
+    live = store.alerts().filter(pl.col("source") == "live").select(cols).sort(cols).rows()
+    replayed = replay(store, RULES, None).alerts.select(cols).sort(cols).rows()
+    return live, replayed
 
 
 def wait_for(condition, timeout: float, what: str) -> None:

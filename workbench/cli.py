@@ -19,6 +19,7 @@ from workbench.errors import NotFoundError, WorkbenchError
 STORE_HELP = "Store folder (default: $WORKBENCH_STORE or .workbench/)."
 FORMATS = click.Choice(["table", "csv", "json"])
 err = Console(stderr=True)
+err.soft_wrap = not err.is_terminal  # a message piped to a log or a test is one line, never cut at 80 columns
 
 
 class WorkbenchGroup(click.Group):
