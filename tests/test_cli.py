@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from click.testing import CliRunner
@@ -21,20 +22,33 @@ GEN = DATA / "generated"
 ROOT = Path(__file__).parent.parent
 
 
-def wb(*args, store, check=True, **kw):
-    env = {**os.environ, "WORKBENCH_STORE": str(store)}
-    p = subprocess.run(
-        [sys.executable, "-m", "workbench", *map(str, args)], capture_output=True, text=True, env=env, **kw
-    )
-    if check and p.returncode != 0:
-        raise AssertionError(f"exit {p.returncode}\n{p.stdout}\n{p.stderr}")
-    return p
+class Ran(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def wb(*args, store, check=True, process=False, **kw) -> Ran:
+    """A command as a user types it: in this process (what it prints, its exit code), or with
+    `process` as `python -m workbench` where the process itself is under test."""
+    if process:
+        env = {**os.environ, "WORKBENCH_STORE": str(store)}
+        p = subprocess.run(
+            [sys.executable, "-m", "workbench", *map(str, args)], capture_output=True, text=True, env=env, **kw
+        )
+        ran = Ran(p.returncode, p.stdout, p.stderr)
+    else:
+        r = cli(*args, store=Store(store))
+        ran = Ran(r.exit_code, r.stdout, r.stderr)
+    if check and ran.returncode != 0:
+        raise AssertionError(f"exit {ran.returncode}\n{ran.stdout}\n{ran.stderr}")
+    return ran
 
 
 @pytest.fixture(scope="module")
 def tbx_store(tmp_path_factory):
     store = tmp_path_factory.mktemp("cli") / "store"
-    p = wb("ingest", GEN / "tbx_run", store=store)
+    p = wb("ingest", GEN / "tbx_run", store=store, process=True)
     assert p.stdout == ""  # progress and summary go to stderr
     assert "ingested 1 runs" in p.stderr
     return store
@@ -158,7 +172,7 @@ def test_exit_codes(tmp_path):
     assert none.returncode == 2 and "no log files" in none.stderr
     missing = wb("ingest", tmp_path / "does-not-exist", store=tmp_path / "s4", check=False)
     assert missing.returncode == 2 and "does-not-exist" in missing.stderr
-    nostore = wb("runs", store=tmp_path / "never", check=False)
+    nostore = wb("runs", store=tmp_path / "never", check=False, process=True)
     assert nostore.returncode == 1 and "workbench ingest" in nostore.stderr
 
 
