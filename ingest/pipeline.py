@@ -143,15 +143,11 @@ def _learn_batch_sizes(store: Store, w: StoreWriter) -> bool:
     """DeepSpeed monitor series still on a samples axis (no batch size anywhere in their run)
     whose values agree with another source's once the axis is divided by a whole ratio: take
     that ratio as the run's train_batch_size. Whether any run learned one."""
-    con = store.connect()
-    try:
-        scaled = con.sql(
-            "SELECT run_id, abs(step_scale) AS k, source_a, source_b, step_scale FROM agreement "
-            "WHERE verdict = 'scaled' AND ((step_scale < 0 AND starts_with(tag_a, 'Train/Samples/')) "
-            "OR (step_scale > 0 AND starts_with(tag_b, 'Train/Samples/')))"
-        ).fetchall()
-    finally:
-        con.close()
+    scaled = store.query(
+        "SELECT run_id, abs(step_scale) AS k, source_a, source_b, step_scale FROM agreement "
+        "WHERE verdict = 'scaled' AND ((step_scale < 0 AND starts_with(tag_a, 'Train/Samples/')) "
+        "OR (step_scale > 0 AND starts_with(tag_b, 'Train/Samples/')))"
+    ).rows()
     learned = False
     for run_id, k, a, b, scale in scaled:
         config = w.run_config(run_id)

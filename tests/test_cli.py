@@ -34,7 +34,11 @@ def wb(*args, store, check=True, process=False, **kw) -> Ran:
     if process:
         env = {**os.environ, "WORKBENCH_STORE": str(store)}
         p = subprocess.run(
-            [sys.executable, "-m", "workbench", *map(str, args)], capture_output=True, text=True, env=env, **kw
+            [sys.executable, "-m", "workbench", *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=env,
+            **kw,
         )
         ran = Ran(p.returncode, p.stdout, p.stderr)
     else:

@@ -90,33 +90,41 @@ def _derive(
     changed: set[str],
     errors: dict[str, str],
 ) -> None:
-    for table in schema.DERIVED_TABLES:
-        out = gen / f"{table}.parquet"
-        frame = (
-            _derived(root, table, derive[table], gen, previous, changed, errors) if table in derive else None
-        )
-        if frame is not None:
-            frame.write_parquet(out, compression="zstd")
-        elif previous is not None and (previous / f"{table}.parquet").exists():
-            shutil.copyfile(previous / f"{table}.parquet", out)
-        else:
-            continue
-        layout.fsync_file(out)
+    # one connection for every hook: a hook reads the meta tables and parts, never another
+    # hook's table, and binding the views costs more than most hooks
+    con = duckdb.connect(":memory:", config=duckdb_config())
+    pending = view_statements(root, gen) if derive else []  # the views `con` is still without
+    try:
+        for table in schema.DERIVED_TABLES:
+            out = gen / f"{table}.parquet"
+            frame = None
+            if table in derive:
+                frame = _derived(con, pending, table, derive[table], previous, changed, errors)
+                pending = [] if frame is not None else pending
+            if frame is not None:
+                frame.write_parquet(out, compression="zstd")
+            elif previous is not None and (previous / f"{table}.parquet").exists():
+                shutil.copyfile(previous / f"{table}.parquet", out)
+            else:
+                continue
+            layout.fsync_file(out)
+    finally:
+        con.close()
 
 
 def _derived(
-    root: Path,
+    con: duckdb.DuckDBPyConnection,
+    views: list[str],
     table: str,
     hook: Derive,
-    gen: Path,
     previous: Path | None,
     changed: set[str],
     errors: dict[str, str],
 ) -> pl.DataFrame | None:
-    """The hook's table, or None (the last one is kept) when it fails, with the reason."""
-    con = duckdb.connect(":memory:", config=duckdb_config())
+    """The hook's table, or None (the last one is kept) when it fails, with the reason.
+    `views`: the statements that make the views `con` is still without."""
     try:
-        for stmt in view_statements(root, gen):
+        for stmt in views:
             con.execute(stmt)
         before = layout.read_derived(table, previous)
         return schema.conform(hook(con, before, changed), schema.DERIVED_TABLES[table], table)
@@ -125,8 +133,6 @@ def _derived(
             raise
         errors[table] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         return None
-    finally:
-        con.close()
 
 
 def write_catalog(root: Path, gen: Path) -> None:
