@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import DATA, ingest_paths
 
 from workbench.cli import main
@@ -24,6 +25,14 @@ PYTHON_API = (ROOT / "docs" / "python-api.md").read_text(encoding="utf-8")
 @pytest.mark.parametrize("cmd", sorted(main.commands))
 def test_every_command_is_in_the_readme(cmd):
     assert re.search(rf"\bworkbench {re.escape(cmd)}\b", README), f"README never shows `workbench {cmd}`"
+
+
+def test_the_commands_workbench_help_lists_are_all_in_the_readme():
+    """What a user sees listed, not only what the group holds: the two must be the same set."""
+    out = CliRunner().invoke(main, ["--help"], prog_name="workbench").output
+    listed = re.findall(r"^  (\w[\w-]*)  ", out.split("\nCommands:\n")[1], re.M)
+    assert listed == sorted(main.commands)
+    assert [c for c in listed if not re.search(rf"\bworkbench {re.escape(c)}\b", README)] == []
 
 
 def test_every_view_is_in_the_readme(store):
