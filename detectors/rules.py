@@ -24,13 +24,15 @@ import math
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
-
-import polars as pl
+from typing import TYPE_CHECKING, Any, Protocol
 
 from detectors import language
-from detectors.series import SeriesData
 from workbench.errors import WorkbenchError
+
+if TYPE_CHECKING:  # for annotations only: loading a rule file imports neither polars nor numba
+    import polars as pl
+
+    from detectors.series import SeriesData
 
 ALLOWED_KEYS = {
     "id",
