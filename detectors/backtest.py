@@ -108,7 +108,7 @@ def load_recoveries(con: duckdb.DuckDBPyConnection) -> list[tuple[str, int | Non
     recovery and fork edges), or as a new segment with a changed configuration (lineage's
     `changes`). Healthy: the continuation is labelled healthy, or it completed and no failure
     of its label starts after the recovery."""
-    return [tuple(r) for r in reads.recoveries().rows(con)]  # type: ignore[misc]
+    return [tuple(r) for r in reads.recoveries().rows(con)]
 
 
 @dataclass
@@ -205,7 +205,7 @@ def backtest(
     explicit = rules is not None
     rules = default_rules() if rules is None else rules
     if tune:  # built-ins carry a grid of their own
-        rules = [replace(r, sweep=r.detector.grid) if r.detector and not r.sweep else r for r in rules]  # type: ignore[attr-defined]
+        rules = [replace(r, sweep=r.detector.grid) if r.detector and not r.sweep else r for r in rules]
     groups = batches(store, runs_glob)
     if not groups:
         raise ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")

@@ -70,7 +70,7 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
         name = _leaf_name(node)
         s = data.series(name)
         if isinstance(node, Call):
-            ck = ("leaf", text_key)
+            ck: tuple = ("leaf", text_key)
             if ck not in data.cache:
                 seed = data.seeds.get(text_key) if node.fn in SEEDED else None
                 data.cache[ck] = s.with_columns(value=leaf_values(node.fn, node.args[1].value, s, seed))
@@ -119,6 +119,7 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
 def rule_conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], list[str]]:
     """`conditions` of any rule: compiled from its `when`, or computed by its code detector."""
     if rule.when is None:
+        assert rule.detector is not None, f"{rule.id} has neither a `when` nor a detector"
         return rule.detector.conditions(data)
     return conditions(rule, data)
 

@@ -124,4 +124,4 @@ def _behind(row: dict, key: str) -> int:
     counts = [row.get(c) for c in _BEHIND.get(key, ())]
     if not counts or any(c is None for c in counts):
         return row.get("runs") or 0
-    return min(counts)
+    return min(c for c in counts if c is not None)

@@ -131,6 +131,7 @@ def tokenize(text: str) -> list[tuple[str, str, int]]:
             )
             raise RuleSyntaxError(text, col, f"unexpected character {ch!r}{hint}")
         kind = m.lastgroup
+        assert kind is not None  # every alternative of TOKEN is a named group
         col = m.start(kind) + 1
         value = m.group(kind)
         if kind == "name" and value in KEYWORDS:

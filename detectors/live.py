@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -201,9 +202,10 @@ class LiveEvaluator:
         earlier points (a source logging a step again): `reset` the run and add all its
         current points."""
         st = self.runs.setdefault(run_id, RunState())
-        points = points.select(*NEW_POINTS, "source").cast({**NEW_POINTS, "source": pl.String})
+        # the ignores: polars types cast's mapping keys as str | Selector | DataType (no dict[str, ...] fits)
+        points = points.select(*NEW_POINTS, "source").cast({**NEW_POINTS, "source": pl.String})  # type: ignore[dict-item]
         events = (
-            pl.DataFrame(schema=NEW_EVENTS) if events is None else events.select(*NEW_EVENTS).cast(NEW_EVENTS)
+            pl.DataFrame(schema=NEW_EVENTS) if events is None else events.select(*NEW_EVENTS).cast(NEW_EVENTS)  # type: ignore[arg-type]
         )
         if self._late(st, points, events):
             return False
@@ -236,8 +238,8 @@ class LiveEvaluator:
             for src, step in ev.group_by("source").agg(pl.col("step").min()).iter_rows():
                 if step < st.ev_seen.get(src, -INF):
                     return True
-            low = ev["step"].min()
-            if any(e and low <= st.frontier.get(r, -INF) for r, (_, e) in st.reads.items()):
+            first_event = cast(int, ev["step"].min())  # an Int64 column without nulls
+            if any(e and first_event <= st.frontier.get(r, -INF) for r, (_, e) in st.reads.items()):
                 return True
         return False
 
@@ -289,7 +291,7 @@ class LiveEvaluator:
             # a rule that was not evaluable on these runs is not until a new tag appears
             todo = [r for r in runs if self.runs[r].idle.get(rule.id) != len(self.runs[r].counts)]
             if todo:
-                data = full if rule.id in self.unbounded else bounded
+                data = full if full is not None and rule.id in self.unbounded else bounded
                 self._evaluate_rule(rule, data, todo, now, update, again)
         for r in runs:
             st = self.runs[r]
@@ -302,7 +304,8 @@ class LiveEvaluator:
         return update, again
 
     def _data(self, runs: list[str], full: bool) -> _Recording:
-        pts, ev, counts, seeds = [], [], [], {}
+        pts, ev, counts = [], [], []
+        seeds: dict[str, list[tuple[str, str, float, float]]] = {}  # leaf -> (run, tag, seed)
         for r in runs:
             st = self.runs[r]
             whole = self._whole(st) if full else set()

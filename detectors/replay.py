@@ -59,7 +59,8 @@ def prefetched(store: Store, groups: list[list[str]]) -> Iterator[SeriesData]:
         nxt = pool.submit(load, store, groups[0], con)
         for i in range(len(groups)):
             data = nxt.result()
-            nxt = pool.submit(load, store, groups[i + 1], con) if i + 1 < len(groups) else None
+            if i + 1 < len(groups):
+                nxt = pool.submit(load, store, groups[i + 1], con)
             yield data
 
 
@@ -67,7 +68,9 @@ def batches(store: Store, runs_glob: str | None, max_points: int = 4_000_000) ->
     """Runs grouped so that each batch holds at most about `max_points` points: a memory bound,
     and small enough that loading the next batch overlaps evaluating this one (a few million
     points still evaluate at full speed)."""
-    out, cur, n = [], [], 0
+    out: list[list[str]] = []
+    cur: list[str] = []
+    n = 0
     for run, points in select_runs(store, runs_glob):
         if cur and n + points > max_points:
             out.append(cur)
@@ -144,7 +147,7 @@ def replay_task(task: ReplayTask) -> tuple[list[tuple[pl.DataFrame | None, list[
     batch's logged steps per run (what a backtest counts false alarms against)."""
     root, rules, runs, steps = task
     data = load(Store(root), runs)
-    out = []
+    out: list[tuple[pl.DataFrame | None, list[str], str | None]] = []
     for rule in rules:
         try:
             alerts, ok = evaluate(rule, data)
@@ -183,6 +186,7 @@ def replay_on(
             if err is not None:
                 errors[i] = errors[i] or err
                 continue
+            assert alerts is not None  # a rule that raised no error returned its alerts
             parts[i].append(alerts)
             runs_ok[i] += ok
     done = [
@@ -202,7 +206,7 @@ def replay(
     out (`replay_on`); None evaluates them here.
     """
     explicit = rules is not None
-    rules = rules if explicit else default_rules()
+    rules = rules if rules is not None else default_rules()
     groups = batches(store, runs_glob)
     if not groups:
         raise ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")

@@ -24,9 +24,15 @@ import math
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from detectors import language
 from workbench.errors import WorkbenchError
+
+if TYPE_CHECKING:  # for annotations only: loading a rule file imports neither polars nor numba
+    import polars as pl
+
+    from detectors.series import SeriesData
 
 ALLOWED_KEYS = {
     "id",
@@ -54,6 +60,16 @@ class RuleFileError(WorkbenchError):
     """A rule file or rule text that does not parse; the message points at the rule and column."""
 
 
+class CodeDetector(Protocol):
+    """What a rule asks of the built-in detector it came from (detectors.builtins.base.Detector)."""
+
+    @property
+    def grid(self) -> dict: ...
+    def with_params(self, **kw: Any) -> CodeDetector: ...
+    def rule(self) -> Rule: ...
+    def conditions(self, data: SeriesData) -> tuple[pl.DataFrame, list[str], list[str]]: ...
+
+
 @dataclass(frozen=True)
 class Rule:
     id: str
@@ -66,7 +82,7 @@ class Rule:
     severity: str = "warning"
     params: dict = field(default_factory=dict)
     sweep: dict = field(default_factory=dict)
-    detector: object = (
+    detector: CodeDetector | None = (
         None  # the built-in detector this rule came from (its code computes it when `when` is None)
     )
     # who published it: olmo-core, llm-foundry, megatron, zclip, wandb, guides, lightning, workbench
@@ -77,6 +93,7 @@ class Rule:
         numbers = {
             k: v for k, v in self.params.items() if isinstance(v, int | float) and not isinstance(v, bool)
         }
+        assert self.when is not None, f"{self.id} is computed in code: it has no condition to parse"
         return language.substitute(language.parse(self.when), numbers)
 
     @property
@@ -175,9 +192,9 @@ def rule_from_table(t: dict, where: str) -> Rule:
     )
     where = f"{where} ({rule.id})"
     try:
-        tree = language.parse(rule.when)
+        tree = language.parse(t["when"])
         values = {k: [v] for k, v in params.items()} | sweep  # every value a parameter takes
-        language.check_numbers(tree, rule.when, values)
+        language.check_numbers(tree, t["when"], values)
     except language.RuleSyntaxError as e:
         raise RuleFileError(f"{where}: {e}") from None
     known = set(params) | set(sweep)

@@ -154,7 +154,7 @@ def stream_alerts(
         message=msg,
         params=pl.lit(rule.params_json),
         severity=pl.lit(rule.severity),
-    ).cast(ALERT_SCHEMA)
+    ).cast(ALERT_SCHEMA)  # type: ignore[arg-type]  # polars: cast's mapping keys are typed str | Selector | DataType, which no dict[str, ...] fits
     return alerts, extended
 
 

@@ -127,7 +127,7 @@ def frame_records(buf, n, tables, limit, settled):
     gaps = np.empty((16, 3), np.int64)
     k = 0
     g = 0
-    p = 0
+    p = np.int64(0)
     while p + 12 <= n:
         reason = -1
         if masked_crc32c(buf, p, 8, tables) != u32(buf, p + 8):

@@ -171,6 +171,7 @@ def block_points(lines: list) -> tuple[Points, int, str] | None:
         df = pl.from_arrow(pa_json.read_json(io.BytesIO(data), read_options=opts))
     except Exception:  # noqa: BLE001 - anything polars refuses goes the line-by-line way
         return None
+    assert isinstance(df, pl.DataFrame)  # an arrow Table converts to a DataFrame
     if df.height != n:
         return None
     step_key = next((k for k in STEP_KEYS if k in df.columns), None)

@@ -15,6 +15,7 @@ Evidence, strongest first, each edge carrying its own:
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import duckdb
@@ -25,7 +26,7 @@ from workbench.store.schema import LINEAGE
 
 
 def build(
-    con: duckdb.DuckDBPyConnection, previous: pl.DataFrame = None, changed: set[str] = ()
+    con: duckdb.DuckDBPyConnection, previous: pl.DataFrame | None = None, changed: Collection[str] = ()
 ) -> pl.DataFrame:
     """All edges, from the views of one store generation (a `derive` hook of the store's commit:
     edges join runs, so they are rebuilt whole; metadata only, no points are read)."""
@@ -239,7 +240,7 @@ def _match_run(name: str | None, run_ids: set[str]) -> str | None:
 
 def path_to(con, run_id: str) -> list[tuple[str, int | None]]:
     """[(run, step where the next run took over), ...] from the root to `run_id` (cross-run edges)."""
-    path = [(run_id, None)]
+    path: list[tuple[str, int | None]] = [(run_id, None)]
     seen = {run_id}
     while True:
         e = reads.continued_from(path[0][0]).rows(con)[:1]

@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -183,7 +183,7 @@ def line_blocks(path: Path, start: int) -> Iterator[tuple[int, int, list, tuple[
         if is_gz(path):
             start = 0
             cap = max(GZ_MIN_CAP, GZ_RATIO_CAP * os.fstat(raw.fileno()).st_size)
-            stream = gzip.GzipFile(fileobj=raw, mode="rb")
+            stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb")
         else:
             raw.seek(start)
             cap, stream = None, raw
@@ -275,12 +275,13 @@ def loads_json(text: str | bytes):
     """json.loads for untrusted logs: bare NaN/Infinity kept (HF writes them); nesting bounded by
     MAX_JSON_DEPTH; bytes decoded as UTF-8 (a BOM allowed). Raises JsonError."""
     if isinstance(text, bytes):
+        data = text.removeprefix(BOM)
         try:
-            text = text.removeprefix(BOM).decode("utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as e:
-            line = text.count(b"\n", 0, e.start) + 1
+            line = data.count(b"\n", 0, e.start) + 1
             raise JsonError(
-                f"not UTF-8 text (byte 0x{text[e.start]:02x} at offset {e.start})", line
+                f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})", line
             ) from None
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
         raise JsonError(f"nested more than {MAX_JSON_DEPTH} levels deep")
@@ -338,7 +339,10 @@ def flat_yaml(text: str) -> dict:
     return out
 
 
-def list_ahead(items: Iterator) -> Iterator[tuple[object, bool]]:
+T = TypeVar("T")
+
+
+def list_ahead(items: Iterator[T]) -> Iterator[tuple[T, bool]]:
     """(item, is_last) pairs, looking one item ahead."""
     it = iter(items)
     try:
@@ -390,7 +394,7 @@ def csv_numbers(lines: list, ncols: int, quoted: bool = True) -> tuple[np.ndarra
 def row_points(names: list[str], steps: np.ndarray, values: np.ndarray, present: np.ndarray) -> Points:
     """Points of rows of cells (record-major, as a line reader adds them), the absent left out."""
     keep = present.any(axis=0)
-    names = [n for n, k in zip(names, keep, strict=True) if k]
+    names = [n for n, k in zip(names, np.asarray(keep), strict=True) if k]
     values, present = values[:, keep], present[:, keep]
     n, m = values.shape
     mask = present.ravel()
@@ -454,7 +458,7 @@ class LineIngestor(Ingestor):
             refused = []  # lines the reader never saw, or that raised in it
             if parser.feed_block(lines, batch):
                 parser.line += len(lines)
-                lines = ()
+                lines = []
             for text in lines:
                 parser.line += 1
                 if isinstance(text, LongLine):

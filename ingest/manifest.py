@@ -34,6 +34,8 @@ def content_sig(path: Path, end: int, whole: bool) -> str:
 
 
 def file_row(f: Found, run_id: str, status: str, **kw) -> dict:
+    size: int | None
+    mtime_ns: int | None
     try:
         st = f.path.stat()
         size, mtime_ns = st.st_size, st.st_mtime_ns

@@ -67,7 +67,9 @@ class _MetricParser(LineParser):
         batch.records += 1
 
     def end_block(self, batch: Batch, last: bool) -> None:
-        key = self.path.relative_to(mlflow_run_dir(self.path.parent) / "metrics").as_posix()
+        run = mlflow_run_dir(self.path.parent)
+        assert run is not None  # sniff took only files inside a run's metrics/
+        key = self.path.relative_to(run / "metrics").as_posix()
         n = len(self.values)
         batch.points = Points(
             [key],

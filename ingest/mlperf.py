@@ -144,8 +144,8 @@ class MlperfIngestor(Ingestor):
         notes = []
         for key, evs in series.items():
             axes = [_axis(ev.get("metadata") or {}) for _, ev in evs]
-            steps = [a[1] if a else None for a in axes]
-            if None in steps or any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+            steps = [a[1] for a in axes if a]
+            if len(steps) < len(evs) or any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
                 steps = list(range(1, len(evs) + 1))
                 named = {a[0] for a in axes if a}
                 why = f"its {'/'.join(sorted(named))} does not advance" if named else "it carries no step"

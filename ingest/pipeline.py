@@ -43,6 +43,7 @@ from ingest.task import CHUNKS_PER_TASK, FileResult, FileTask, RunTask, ingestor
 from workbench.errors import NotFoundError
 from workbench.executor import Executor, LocalExecutor
 from workbench.store import Store, StoreError, StoreWriter
+from workbench.store.commit import Derive
 
 NOT_READ = ("not_read", "labels_error", "checkpoint_error")  # problems of things not read at all
 # in an ingest of this many runs, small chunks are written many runs' to a file (task.SHARED_BELOW)
@@ -127,7 +128,7 @@ def ingest(
             _reread_stale(w, by_name, found_by_path, {run_id for _, run_id in files}, report, check_crc)
         staged = stage(w) if stage is not None else False
         if not light:
-            derive = {"lineage": lineage.build, "agreement": agreement.build}
+            derive: dict[str, Derive] = {"lineage": lineage.build, "agreement": agreement.build}
             w.commit(derive=derive)
             if _learn_batch_sizes(store, w):
                 _reread_stale(w, by_name, found_by_path, w.changed_runs, report, check_crc)
@@ -179,7 +180,7 @@ def _reread_stale(
     files = [
         (
             FileTask(
-                row["path"], str(f.run_dir), f.format, 0, None, ingestor.appendable and not is_gz(f.path)
+                row["path"], str(f.run_dir), ingestor.name, 0, None, ingestor.appendable and not is_gz(f.path)
             ),
             row["run_id"],
         )
@@ -279,6 +280,7 @@ def _apply(w: StoreWriter, results: list[FileResult], report: IngestReport) -> N
             w.add_rows(table, rows)
         for config in res.configs:
             w.set_run_config(res.run_id, config)
+        assert res.file_row is not None  # every file that was opened has its manifest row
         w.set_file(res.file_row)
         report.chunks += [(res.run_id, res.path, source, cid) for source, cid in res.chunk_ids]
         report.problems += [(res.path, p) for p in res.reported]

@@ -81,6 +81,7 @@ def plan_reads(
             report.files_unchanged += 1
             report.runs.add(run_id)
             if action == "touched":  # same bytes, new mtime: remember it, read nothing
+                assert prev is not None  # plan_file says "touched" only of a file it has a row of
                 st = f.path.stat()
                 w.set_file({**prev, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
             continue
@@ -89,11 +90,13 @@ def plan_reads(
             report.reread.add(run_id)
             if appendable and (prev["run_id"], prev["format"]) == (run_id, f.format):
                 note_rewrite(w, f, run_id, prev, report)
-        plans.append((f, run_id, offset, prev if action in ("append", "settle") else None, appendable))
-    plans.sort(key=lambda p: (p[1], not by_name[p[0].format].is_config, str(p[0].path)))
+        plans.append(
+            (f, run_id, offset, prev if action in ("append", "settle") else None, appendable, f.format)
+        )
+    plans.sort(key=lambda p: (p[1], not by_name[p[5]].is_config, str(p[0].path)))
     return [
-        (FileTask(str(f.path), str(f.run_dir), f.format, off, prev, appendable), run_id)
-        for f, run_id, off, prev, appendable in plans
+        (FileTask(str(f.path), str(f.run_dir), fmt, off, prev, appendable), run_id)
+        for f, run_id, off, prev, appendable, fmt in plans
     ]
 
 

@@ -187,12 +187,12 @@ def _content_value(buf, c, content_len, dtype, value, s32, s64):
 @njit(cache=True, nogil=True)
 def _decode_tensor(buf, p, end, s32, s64):
     """Decode a TensorProto; returns (kind, value) with kind V_TENSOR_NUM/STR/OTHER."""
-    dtype = 0
+    dtype = np.int64(0)
     n_elems = 1
     n_vals = 0
     value = np.nan
     content_off = -1
-    content_len = 0
+    content_len = np.int64(0)
     is_string = False
     while p < end:
         key, p = varint(buf, p, end)

@@ -64,7 +64,7 @@ def _datastore_records(path: Path) -> Iterator[tuple[str, dict]]:
             return
         if data is None:
             return
-        pb = wandb_internal_pb2.Record()
+        pb = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # wandb re-exports its versioned pb2 by star import
         pb.ParseFromString(data)
         kind = pb.WhichOneof("record_type")
         if kind == "history":
@@ -141,9 +141,9 @@ def _numbers(item: dict) -> Iterator[tuple[str, float]]:
             for sub, x in _numbers(v):
                 yield f"{key}.{sub}", x
         elif key not in AXES and not isinstance(v, bool | str):
-            x = to_float(v)
-            if x is not None:
-                yield key, x
+            num = to_float(v)
+            if num is not None:
+                yield key, num
 
 
 def _plain(value):
@@ -180,8 +180,8 @@ class WandbRunIngestor(Ingestor):
     def _read_history(self, path: Path) -> Batch:
         batch = Batch(start=0, end=path.stat().st_size)
         try:
-            reader, recs = records(path)
-            recs = list(recs)
+            reader, found = records(path)
+            recs = list(found)
         except NoReader as e:
             batch.problems.append(Problem(0, "needs_package", f"W&B history not read: {e}"))
             return batch
@@ -191,7 +191,8 @@ class WandbRunIngestor(Ingestor):
             )
             return batch
         builder = PointsBuilder()
-        exit_code, skipped, counts = None, 0, {}
+        exit_code, skipped = None, 0
+        counts: dict[str, int] = {}
         for kind, body in recs:
             counts[kind] = counts.get(kind, 0) + 1
             if kind == "history":

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import DATA, ingest_paths
 
 from workbench.cli import main
@@ -24,6 +25,14 @@ PYTHON_API = (ROOT / "docs" / "python-api.md").read_text(encoding="utf-8")
 @pytest.mark.parametrize("cmd", sorted(main.commands))
 def test_every_command_is_in_the_readme(cmd):
     assert re.search(rf"\bworkbench {re.escape(cmd)}\b", README), f"README never shows `workbench {cmd}`"
+
+
+def test_the_commands_workbench_help_lists_are_all_in_the_readme():
+    """What a user sees listed, not only what the group holds: the two must be the same set."""
+    out = CliRunner().invoke(main, ["--help"], prog_name="workbench").output
+    listed = re.findall(r"^  (\w[\w-]*)  ", out.split("\nCommands:\n")[1], re.M)
+    assert listed == sorted(main.commands)
+    assert [c for c in listed if not re.search(rf"\bworkbench {re.escape(c)}\b", README)] == []
 
 
 def test_every_view_is_in_the_readme(store):
@@ -86,3 +95,29 @@ def test_every_python_api_example_runs_and_prints_what_the_page_shows(
         printed = capsys.readouterr().out
         if shown is not None:
             assert printed == shown, f"the page shows another output for:\n{code}"
+
+
+# a measured figure: a speed, a speed-up, or a backtest score (each depends on the corpus and the
+# machine it was measured on; the README's benchmark sections say which)
+FIGURE = re.compile(
+    r"\d[\d.,]*\s*(?:[kMG]\s*)?(?:points|records|rows|lines|B)/s\b"
+    r"|\d[\d.]*\s*[x×]\s+(?:faster|slower|the|below|above)"
+    r"|\b(?:recall|precision|FA/1k|false alarms?(?: per 1k)?)\s*(?:of\s*)?[=:]?\s*\d"
+    r"|\b\d+ (?:of|in) \d+ (?:healthy |failed |labelled )?runs\b",
+    re.I,
+)
+
+
+def test_no_docstring_quotes_a_measured_figure():
+    """Docstrings say what code does; measured speeds and scores live in the README (and come from
+    `benchmarks/`), where the corpus and the machine they were measured on are named."""
+    import ast
+
+    found = []
+    for pkg in ("workbench", "ingest", "detectors"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                    doc = ast.get_docstring(node) or ""
+                    found += [f"{path.relative_to(ROOT)}: {m[0]}" for m in FIGURE.finditer(doc)]
+    assert found == []

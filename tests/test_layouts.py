@@ -1,4 +1,4 @@
-"""One tree that mixes the layouts real tools write (issue #24's acceptance): every format read
+"""One tree that mixes the layouts real tools write: every format read
 here, gzipped logs, HF's default output layout, a `checkpoints/` output dir, a lone checkpoint,
 a Git LFS clone, resumed DeepSpeed runs, checkpoint copies. Every file is read or listed with a
 reason, a metric is one row per step, and ingesting the unchanged tree again gives what a fresh

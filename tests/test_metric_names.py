@@ -1,4 +1,4 @@
-"""Canonical metrics by the meaning of a tag's words (issue #24, item 14): case, separators,
+"""Canonical metrics by the meaning of a tag's words: case, separators,
 train/val/eval parts, `_step`/`_epoch` suffixes, with the alias table as the override; tags
 that look like a loss or a gradient norm but map to nothing are listed. Real files: the torch
 SummaryWriter tutorial's names written by tests/data/real/custom_names/train_custom.py, and a

@@ -230,7 +230,7 @@ def test_cli_watch_until_finished(tmp_path):
 
 def test_one_alert_per_interval_with_where_it_was_first_raised(tmp_path):
     """A watch raises alerts live; a replay of the same rule file over the finished log finds
-    the same intervals and adds none (issue #24, defect 12); a watch after a replay adds none
+    the same intervals and adds none; a watch after a replay adds none
     either. Each interval is one row saying where and when it was first raised."""
     runs = tmp_path / "runs"
     job = Job(runs / "job")

@@ -41,6 +41,10 @@ class Detector:
     def when(self) -> str | None:
         return None
 
+    def conditions(self, data: SeriesData) -> tuple[pl.DataFrame, list[str], list[str]]:
+        """What a detector computed in code (`when` is None) flags; the others are compiled."""
+        raise NotImplementedError(f"{self.id} has a `when`: its conditions are compiled from it")
+
     def rule(self) -> Rule:
         return Rule(
             id=self.id,
@@ -69,7 +73,7 @@ def series_or_fail(data: SeriesData, metric: str, rule_id: str) -> pl.DataFrame:
 def first_series(data: SeriesData, names: tuple[str, ...], rule_id: str) -> pl.DataFrame:
     """Per run, the series of the first of `names` it logs: a canonical metric or tag, or a tag
     glob (`*`, one evaluation per matching tag)."""
-    parts, seen = [], set()
+    parts, seen = [], set[int]()
     for n in names:
         s = data.series(Name(n, "*" in n, 0))
         s = s.filter(~pl.col("rid").is_in(list(seen)))

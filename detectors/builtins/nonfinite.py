@@ -23,7 +23,7 @@ class NonFinite(Detector):
     severity = "critical"
 
     @property
-    def id(self):
+    def id(self):  # type: ignore[override]  # read-only like every detector's id; this one names its metric
         return f"non_finite_{self.metric}"
 
     def when(self):

@@ -185,6 +185,7 @@ def _timers(p: TextParser, m: re.Match) -> str:
     if _is_global_timer([name for name, _ in items]):
         if p.awaiting_global:
             step, p.awaiting_global = p.timer_step, False
+            assert step is not None  # awaiting_global is set together with timer_step
         else:
             p.timer_step = step = (p.timer_step if p.timer_step is not None else 0) + 1
             p.timers_counted = not p.explicit

@@ -42,8 +42,8 @@ def values(p: TextParser, line: str) -> str | None:
     msg = m["msg"]
     if inner := INNER.match(msg):
         kv = {k: to_float(v) for k, v in KV.findall(inner["kv"])}
-        if kv.get("num_updates") is not None:
-            p.at_step(int(kv["num_updates"]))
+        if (updates := kv.get("num_updates")) is not None:
+            p.at_step(int(updates))
         for k, v in kv.items():
             if k != "num_updates":
                 p.point(k, v)

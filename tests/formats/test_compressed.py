@@ -1,4 +1,4 @@
-"""`.gz` JSON and CSV logs read as they are (issue #24, defect 3): real files gzipped as people
+"""`.gz` JSON and CSV logs read as they are: real files gzipped as people
 archive them (tests/data/real/defects/d03_gz, provenance beside them), each counted by an
 independent reader (tests/data/real/count_independently.py)."""
 
@@ -47,7 +47,7 @@ def test_keras_training_log_gz_matches_the_independent_count(store):
 
 def test_trainer_state_json_gz_matches_the_independent_count(store):
     counts = expected("defects/d03_gz/hf_whisper/trainer_state.json.gz")
-    # the final summary included (defect 8), its run-wide aggregates as summary/<key>
+    # the final summary included, its run-wide aggregates as summary/<key>
     summary = {k: f"summary/{k}" for k in counts if k in SUMMARY_KEYS and "loss" in counts}
     assert_matches(store, "hf_whisper", counts, summary)
     config = json.loads(store.query("SELECT config FROM runs WHERE run_id = 'hf_whisper'")["config"][0])

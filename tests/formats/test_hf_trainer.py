@@ -79,7 +79,7 @@ def test_a_checkpoint_published_alone_is_a_checkpoint_not_a_crash(tmp_path_facto
     assert store.query("SELECT count(*) n FROM labels")["n"][0] == 0  # no auto label of a failure
 
 
-# ---- the final log_history entry (issue #24, defect 8): tests/data/real/defects/d08_final_entry
+# ---- the final log_history entry: tests/data/real/defects/d08_final_entry
 D08 = {
     "trl_sft_last_entry": "defects/d08_final_entry/trl_sft_last_entry",
     "only_final_train_loss": "defects/d08_final_entry/only_final_train_loss",
@@ -127,7 +127,7 @@ def test_a_run_whose_only_training_loss_is_the_summary_has_a_loss_point(d08):
     assert rows.rows() == [("train_loss", 30, pytest.approx(3.145842742919922))]
 
 
-# ---- LLaMA-Factory's throughput (issue #24, defect 7): tests/data/real/defects/d07_llamafactory_throughput
+# ---- LLaMA-Factory's throughput: tests/data/real/defects/d07_llamafactory_throughput
 def test_llamafactory_throughput_is_tokens_per_second(tmp_path_factory):
     d07 = real_tree_store(tmp_path_factory, {"sft": "defects/d07_llamafactory_throughput"})
     counts = expected("defects/d07_llamafactory_throughput/trainer_log.jsonl")

@@ -21,7 +21,7 @@ def test_malformed_jsonl_lines_are_reported_with_line_numbers(store, tmp_path):
     assert rows[2] == ("loss", 3, 0.5) and rows[3] == ("lr", 3, float("inf"))
 
 
-# ---- step keys other than `step` (issue #24, item 13): the same real run logged with its step
+# ---- step keys other than `step`: the same real run logged with its step
 # under each key real scripts use (tests/data/real/custom_names, written by train_custom.py)
 STEP_KEYS = ("it", "iter", "iteration", "global_step", "_step", "trainer/global_step", "batch")
 FOLDERS = {key: f"jsonl_{key.replace('/', '_')}" for key in STEP_KEYS}

@@ -1,4 +1,4 @@
-"""Generic progress lines of custom training loops (issue #24, item 15): `step 120 | loss 2.31 |
+"""Generic progress lines of custom training loops: `step 120 | loss 2.31 |
 ...`, `step: 120 loss: 2.31 ...`, `step=120 loss=2.31 ...`, the real consoles of one run of
 tests/data/real/custom_names/train_custom.py, counted independently; and the fallback claims no
 line any other dialect reads."""

@@ -253,7 +253,7 @@ def test_histograms_and_text_are_not_scalars(store, tmp_path):
     assert store.query("SELECT step, kind, message FROM events").rows() == [(3, "text", "hello")]
 
 
-# ---- Keras' train/ and validation/ of one fit (issue #24, defect 5): Keras 3 (TF 2.21) with
+# ---- Keras' train/ and validation/ of one fit: Keras 3 (TF 2.21) with
 # validation data, tests/data/real/defects/d05_keras_tb_validation, counted by tbparse
 @pytest.fixture(scope="module")
 def keras_fit(tmp_path_factory):
@@ -280,7 +280,7 @@ def test_keras_validation_loss_is_eval_loss_not_loss(keras_fit):
     assert counts["validation/epoch_loss"]["spot"]["5"] != counts["train/epoch_loss"]["spot"]["5"]
 
 
-# ---- mixed step axes (issue #24, defect 10): Keras 3 TensorBoard(update_freq=5),
+# ---- mixed step axes: Keras 3 TensorBoard(update_freq=5),
 # tests/data/real/defects/d10_keras_mixed_axes
 def test_epoch_and_iteration_indexed_series_in_one_run_are_flagged(tmp_path_factory, keras_fit):
     store = real_tree_store(tmp_path_factory, {"fit": "defects/d10_keras_mixed_axes"})

@@ -8,6 +8,7 @@ length, which keeps every control change a small message and a fast redraw in an
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -212,9 +213,9 @@ def curve_figure(
     log_y: bool = False,
     x_title: str = "step",
     x_is_date: bool = False,
-    alerts: list[dict] = (),
-    events: list[dict] = (),
-    vlines: list[tuple[float, str]] = (),
+    alerts: Sequence[dict] = (),
+    events: Sequence[dict] = (),
+    vlines: Sequence[tuple[float, str]] = (),
     ignore_outliers: bool = True,
     show_raw: bool = True,
     legend_lines: bool = False,
@@ -461,7 +462,8 @@ def lineage_figure(runs: list[dict], edges: list[dict]) -> go.Figure:
     def depth(r, seen=()):
         return 0 if r not in parent or r in seen else 1 + depth(parent[r], (*seen, r))
 
-    pos, rows_at = {}, {}
+    pos: dict[str, tuple[int, int]] = {}
+    rows_at: dict[int, int] = {}
     for r in involved:
         d = depth(r)
         pos[r] = (d, rows_at.get(d, 0))
@@ -496,7 +498,7 @@ def lineage_figure(runs: list[dict], edges: list[dict]) -> go.Figure:
 
     for e in cross:
         edge(pos[e["parent_run"]], pos[e["child_run"]], f"{e['kind']} @ {e['parent_step']}", e["evidence"])
-    nodes = []  # (x, y, label, run, hover)
+    nodes: list[tuple[float, float, str, str, str]] = []  # (x, y, label, run, hover)
     for r in involved:
         x, y = pos[r]
         chain = resumes.get(r, [])

@@ -89,7 +89,7 @@ def configs(gen: str) -> pl.DataFrame:
                 continue
     if not rows:
         return pl.DataFrame(schema={"run_id": pl.String})
-    cols = {}
+    cols: dict[str, list] = {}
     for k in dict.fromkeys(k for r in rows for k in r):
         vals = [r.get(k) for r in rows]
         kinds = {type(v) for v in vals if v is not None}

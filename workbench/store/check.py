@@ -160,7 +160,7 @@ def _repair_parts(root: Path, damage: list[Damage], reread: Reread, report: Chec
         (root / d.path).unlink(missing_ok=True)
     w = StoreWriter(root, verify=False)
     try:
-        sources = sorted({d.source for d in damage})
+        sources = sorted({d.source for d in damage if d.source is not None})  # a part names its log
         present = [s for s in sources if os.path.isfile(s)]
         rows = w.table("files").filter(pl.col("path").is_in(present)).to_dicts()
         for path in present:
@@ -177,8 +177,10 @@ def _repair_parts(root: Path, damage: list[Damage], reread: Reread, report: Chec
 def _drop_lost(w: StoreWriter, path: str, damage: list[Damage], report: CheckReport) -> None:
     """A damaged part whose log is gone: its chunk goes (points and events) when its points were
     damaged; only the events part goes when only that was."""
-    scalars = sorted({d.chunk_id for d in damage if d.part == "scalars"})
-    events = sorted({d.chunk_id for d in damage if d.part == "events"} - set(scalars))
+    scalars = sorted({d.chunk_id for d in damage if d.part == "scalars" and d.chunk_id is not None})
+    events = sorted(
+        {d.chunk_id for d in damage if d.part == "events" and d.chunk_id is not None} - set(scalars)
+    )
     chunks = w.table("chunks").filter(pl.col("chunk_id").is_in(scalars))
     points = int(chunks["rows"].sum())
     w.drop_chunks(scalars)

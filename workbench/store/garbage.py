@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import cast
 
 import polars as pl
 
@@ -48,7 +49,7 @@ def collect(root: Path, current: Path | None) -> int:
             tables = {t: layout.read_meta(t, g) for t in ("chunks", "parts")}
         except Exception:  # noqa: BLE001 - unreadable: which parts it lists is unknown
             return highest
-        highest = max(highest, int(tables["chunks"]["chunk_id"].max() or 0))
+        highest = max(highest, int(cast("int | None", tables["chunks"]["chunk_id"].max()) or 0))
         live.update(map(Path, integrity.expected_parts(root, tables)["file"]))
         chunks = tables["chunks"].filter(~pl.col("chunk_id").is_in(tables["parts"]["chunk_id"].implode()))
         for kind in schema.PART_KINDS:  # chunks written before `parts`: their parts by name

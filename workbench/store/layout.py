@@ -231,6 +231,7 @@ def read_meta(table: str, generation: Path | None) -> pl.DataFrame:
     try:
         df = pl.read_parquet(path, glob=False)
     except Exception as e:  # noqa: BLE001 - whatever the reader says, the file is damaged
+        assert generation is not None  # path lies in it
         root = generation.parent.parent
         raise StoreError(
             f"the store at {root} is damaged: {path.relative_to(root)} cannot be read ({str(e).splitlines()[0]}); "

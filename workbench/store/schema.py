@@ -232,9 +232,9 @@ AGREEMENT = {
     # once, on its pair with the strongest agreeing source that logs its step): superseded by source
     "superseded": pl.Int64,
 }
-DERIVED_TABLES = {"lineage": LINEAGE, "agreement": AGREEMENT}
+DERIVED_TABLES: dict[str, dict] = {"lineage": LINEAGE, "agreement": AGREEMENT}
 
-META_TABLES = {
+META_TABLES: dict[str, dict] = {
     "files": FILES,
     "chunks": CHUNKS,
     "chunk_tags": CHUNK_TAGS,

@@ -316,7 +316,11 @@ _WORD = re.compile(r"\w+")
 def needed(stmts: list[str], query: str) -> list[str]:
     """The statements of the views `query` may read, and of those they read in turn (a word of
     the query or of a view's text that names a view): a query that reads no view creates none."""
-    by_name = {(m := _VIEW_NAME.match(s))[1].lower(): (s, s[m.end() :].lower()) for s in stmts}
+    by_name = {}
+    for s in stmts:
+        m = _VIEW_NAME.match(s)
+        assert m is not None, s  # every statement creates a view
+        by_name[m[1].lower()] = (s, s[m.end() :].lower())
     todo = [w for w in _WORD.findall(query.lower()) if w in by_name]
     want = set()
     while todo:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -89,7 +91,7 @@ class StoreWriter:
         self.tables = {t: layout.read_meta(t, gen) for t in schema.META_TABLES}
         if verify and gen is not None and (damage := integrity.quick_check(root, gen, self.tables)):
             raise StoreError(integrity.damage_message(root, damage))
-        self.next_chunk_id = int(self.tables["chunks"]["chunk_id"].max() or 0) + 1
+        self.next_chunk_id = int(cast("int | None", self.tables["chunks"]["chunk_id"].max()) or 0) + 1
         self._new: dict[str, list[pl.DataFrame]] = {t: [] for t in schema.META_TABLES}
         # staged cheaply, made frames once when the table is next read (thousands of small runs
         # would otherwise pay a polars frame per row): raw rows, and upserts by key
@@ -139,7 +141,7 @@ class StoreWriter:
         start: int,
         end: int,
         points: Points,
-        events: list[dict] = (),
+        events: Sequence[dict] = (),
     ) -> int:
         """Queue one batch of points (in logged order) and its events as Parquet parts; returns
         its chunk id.
@@ -209,7 +211,7 @@ class StoreWriter:
             self._collect(self._pending.pop(0))
 
     def add_written(
-        self, chunks: list[dict], chunk_tags: list[dict], part_rows: list[dict], shared: list = ()
+        self, chunks: list[dict], chunk_tags: list[dict], part_rows: list[dict], shared: Sequence = ()
     ) -> None:
         """Stage chunks whose parts another process already wrote (`workbench.store.parts`):
         their chunks rows, chunk_tags columns (dicts of lists) and parts rows; `shared`: the
@@ -269,7 +271,7 @@ class StoreWriter:
                 )
             self._new[table].append(self.frame(table, frame))
 
-    def _replace(self, table: str, keep: pl.Expr, rows: pl.DataFrame | list[dict] = ()) -> None:
+    def _replace(self, table: str, keep: pl.Expr, rows: pl.DataFrame | Sequence[dict] = ()) -> None:
         """Keep the rows matching `keep` (stored and staged), then stage `rows`."""
         self._settle(table)
         self._index.pop(table, None)

@@ -2,6 +2,7 @@
 prints them), compare sweeps, and see per run what a rule did, judged as the backtest judges it."""
 
 import json
+from collections.abc import Sequence
 
 import polars as pl
 import streamlit as st
@@ -50,6 +51,7 @@ if b2.button("Replay and store the alerts (shown on the curves)", key="bt_replay
     st.session_state["bt_replay_msg"] = data.replay_alerts(rules_text, runs_glob)
     st.cache_data.clear()
     gen = data.generation()
+    assert gen is not None  # the store was there above and the replay only adds a generation
 saved = b3.file_uploader(
     "or open saved results (backtest.json)",
     type="json",
@@ -91,7 +93,7 @@ RATES = {"recall", "recall_ci_low", "recall_ci_high", "precision", "precision_ci
 RATES |= {"trigger_rate_failed", "trigger_rate_healthy"}
 
 
-def table(rows: list[dict], key: str, first: list[str] = (), pinned: int = 1) -> None:
+def table(rows: list[dict], key: str, first: Sequence[str] = (), pinned: int = 1) -> None:
     """Rows as a table: rates as percentages (as the CLI prints them), the key columns pinned
     left, any column a newer backtest adds shown after the known ones."""
     df = pl.DataFrame(rows, infer_schema_length=None)
@@ -145,7 +147,8 @@ if not st.session_state.get("bt_rule"):
 name = st.selectbox("Rule", names, key="bt_rule")
 state.publish(PARAMS)
 rule, params = points[names.index(name)]
-out = data.rule_verdicts(gen, *st.session_state["bt_args"], rule, params)
+bt_args: tuple[str | None, str, int, int, int] = st.session_state["bt_args"]
+out = data.rule_verdicts(gen, *bt_args, rule, params)
 if isinstance(out, str):
     st.info(out)
     st.stop()

@@ -16,10 +16,11 @@ PAGE_WIDTH_PX = 1300  # the wide layout's plot area at a 1440 px window
 PX_PER_BUCKET = 2  # a bucket keeps up to 4 points: 2 px each draws the same line at half the points
 
 st.title("Curves")
-gen = data.generation()
-if gen is None:
+current = data.generation()
+if current is None:
     st.info(data.no_store_message())
     st.stop()
+gen: str = current  # the functions below read it as a str (st.stop() ended the page otherwise)
 
 all_runs = list(data.run_starts(gen))
 PARAMS = [
@@ -224,7 +225,7 @@ def _notes(curves: dict, timed: set, buckets: int, x_mode: str, show_replaced: b
         notes.append(
             f"{total['borrowed_times']:,} points take their wall time from another source that logged the step."
         )
-    partly = {}
+    partly: dict[str, int] = {}
     for run, d in ds:
         if x_mode != "step" and d["untimed"] and run in timed:
             partly[run] = partly.get(run, 0) + d["untimed"]
@@ -311,7 +312,7 @@ def _alerts_on(
     alerts: pl.DataFrame, tag: str, metric, curves: dict, styles: dict, groups: dict
 ) -> list[dict]:
     """An alert sits on each chart of its run (or only on its tag's, when the rule names one)."""
-    out = []
+    out: list[dict] = []
     if alerts.is_empty():
         return out
     live = "source" in alerts.columns
