@@ -15,11 +15,13 @@ the previous generation stays in force.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import polars as pl
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -96,6 +98,7 @@ def ingest(
         w.clear_problems([str(p.absolute()) for p in paths], NOT_READ)  # found again below if they still are
         roots = w.table("roots")["root"].to_list()
         work = []
+        labelled: list[tuple[Path, list[dict]]] = []
         for root in paths:
             base = _base_for(root, roots)
             if str(base) not in roots:
@@ -104,7 +107,7 @@ def ingest(
             labels_file = (root if root.is_dir() else root.parent) / "labels.toml"
             if labels_file.is_file():
                 with _isolated(w, report, labels_file, None, "labels_error"):
-                    _read_labels(w, labels_file, root, base, report)
+                    labelled.append((labels_file, _read_labels(w, labels_file, root, base, report)))
             found = discover(root, ingestors)
             for folder, why in found.problems:
                 set_problem(w, report, folder, None, "not_read", why)
@@ -125,6 +128,8 @@ def ingest(
             bar = progress.add_task("ingest", total=total)
             _read_runs(w, tasks, executor, report, progress, bar)
             _reread_stale(w, by_name, found_by_path, {run_id for _, run_id in files}, report, check_crc)
+        for labels_file, rows in labelled:
+            _check_labels(w, labels_file, rows, report)
         staged = stage(w) if stage is not None else False
         if not light:
             derive = {"lineage": lineage.build, "agreement": agreement.build}
@@ -244,19 +249,51 @@ def _checkpoint_problem(w: StoreWriter, report, row: dict, kind: str, message: s
         report.problems.append((row["path"], problem))
 
 
-def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: IngestReport) -> None:
+def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: IngestReport) -> list[dict]:
+    """Store the labels of one labels.toml (replacing what it said before); returns them."""
     rows, problems = read_labels_toml(path)
-    w.set_labels(
-        str(path.absolute()),
-        [
-            {k: v for k, v in r.items() if k != "folder"}
-            | {"run_id": run_id_for(path.parent / r["folder"], root, base)}
-            for r in rows
-        ],
-    )
+    labels = [
+        {k: v for k, v in r.items() if k != "folder"}
+        | {"run_id": run_id_for(path.parent / r["folder"], root, base)}
+        for r in rows
+    ]
+    w.set_labels(str(path.absolute()), labels)
     report.problems.extend((str(path), p) for p in problems)
     w.set_problems(str(path), [problem_row(str(path), None, p) for p in problems])  # read whole each time
     report.labels += len(rows)
+    return labels
+
+
+def _check_labels(w: StoreWriter, path: Path, labels: list[dict], report: IngestReport) -> None:
+    """A label for a run the store does not hold, or whose onset lies outside the run's steps,
+    is kept (the run may come later) and reported as a problem of the labels file."""
+    ranges = (
+        w.table("chunks")
+        .select("chunk_id", "run_id")
+        .join(w.table("chunk_tags").select("chunk_id", "min_step", "max_step"), on="chunk_id")
+        .group_by("run_id")
+        .agg(pl.col("min_step").min(), pl.col("max_step").max())
+    )
+    steps = {r: (lo, hi) for r, lo, hi in ranges.iter_rows()}
+    runs = set(w.table("files")["run_id"].to_list()) | set(steps)
+    problems = []
+    for label in labels:
+        run, onset = label["run_id"], label["onset"]
+        if run not in runs:
+            problems.append(
+                Problem(0, "label_unknown_run", f"[runs.{json.dumps(run)}]: no such run under {path.parent}")
+            )
+        elif onset is not None and run in steps and not steps[run][0] <= onset <= steps[run][1]:
+            lo, hi = steps[run]
+            problems.append(
+                Problem(
+                    0,
+                    "label_onset_outside",
+                    f"[runs.{json.dumps(run)}]: onset {onset} is outside the run's steps ({lo} to {hi})",
+                )
+            )
+    report.problems.extend((str(path), p) for p in problems)
+    w.add("problems", [problem_row(str(path), None, p) for p in problems])
 
 
 def _progress(console: Console, total: int) -> Progress:
