@@ -250,16 +250,16 @@ def judge_points(
 ) -> tuple[list[Scored], dict[str, str]]:
     """Each replayed point's outcomes on the labelled runs it could be evaluated on, and why
     not on the others (asked once per rule, of its own parameters); and the rules evaluable
-    nowhere (an error when the user gave them)."""
+    nowhere, with why (an error when none of the user's rules is evaluable)."""
     live: list[tuple[Rule, bool, Rule, RuleReplay]] = []
     skipped: dict[str, str] = {}
     for (p, default, parent), d in zip(points, done, strict=True):
         if d.error:
-            if explicit:
-                raise ReplayError(d.error)
             skipped.setdefault(parent.id, d.error.split(";")[0])
             continue
         live.append((p, default, parent, d))
+    if explicit and not live:  # none of the user's rules is evaluable: say why
+        raise ReplayError(next(d.error for d in done if d.error))
     asked: dict[str, tuple[Rule, list[str]]] = {}
     for p, default, parent, d in live:
         if default or parent.id not in asked:

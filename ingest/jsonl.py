@@ -86,6 +86,16 @@ def wall_time_of(record: dict) -> float | None:
     return None
 
 
+def whole_step(v) -> int | None:
+    """`to_step`, refusing a fractional step (1.5): cut to a whole one it would fall on another
+    record's step and replace its points."""
+    step = to_step(v)
+    x = to_float(v) if step is not None and not isinstance(v, int) else None
+    if x is not None and x != step:
+        raise ValueError(f"step {v!r} is not a whole number (steps count updates)")
+    return step
+
+
 class RecordsToPoints:
     """Turns step-keyed records into Points, tracking the last step seen across batches."""
 
@@ -101,7 +111,7 @@ class RecordsToPoints:
         if step is None:
             for k in STEP_KEYS:
                 try:
-                    step = to_step(record.get(k))
+                    step = whole_step(record.get(k))
                 except ValueError as e:
                     bad = bad or e
                     continue
