@@ -165,13 +165,25 @@ def _walk(
         )
         for name in sorted(filenames):
             p = d / name
-            if p.is_symlink() and not p.exists():
+            if _dangling(p):
                 continue
             fmt, problem = _look(p, ingestors)
             if in_container and problem is None and (fmt is None or (fmt == "jsonl" and _whole_json(p))):
                 continue  # checkpoint metadata or weights: the checkpoint scan records them
             files.setdefault(d, []).append((p, fmt, problem))
     return files, checkpoint_dirs
+
+
+def _dangling(path: Path) -> bool:
+    """A symlink to nothing (skipped); one that cannot be followed (EACCES, a /proc link) is
+    left to `_look`, which reports it."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _whole_json(path: Path) -> bool:

@@ -90,8 +90,14 @@ def ingest(
     t0 = time.perf_counter()
     ingestors = make_ingestors(check_crc=check_crc)
     by_name = {i.name: i for i in ingestors}
+    unreachable = {}  # a path that cannot be looked at (EACCES, a /proc link): a problem row
     for p in paths:
-        if not p.exists():
+        try:
+            there = p.exists()
+        except OSError as e:
+            unreachable[p] = f"not read: {e.strerror or e}"
+            continue
+        if not there:
             raise NotFoundError(f"{p}: no such file or folder")
     with store.writer(wait_s=wait_s) as w:
         w.set_sources(precedence(ingestors))
@@ -100,6 +106,9 @@ def ingest(
         work = []
         labelled: list[tuple[Path, list[dict]]] = []
         for root in paths:
+            if root in unreachable:
+                set_problem(w, report, root.absolute(), None, "not_read", unreachable[root])
+                continue
             base = _base_for(root, roots)
             if str(base) not in roots:
                 roots.append(str(base))
