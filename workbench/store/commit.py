@@ -143,10 +143,11 @@ def write_catalog(root: Path, gen: Path) -> None:
             con.close()
         os.replace(tmp, root / "catalog.duckdb")
         (root / layout.CATALOG_GENERATION).write_text(gen.name + "\n")
-    except (OSError, duckdb.IOException) as e:
-        tmp.unlink(missing_ok=True)
-        (root / "catalog.duckdb").unlink(missing_ok=True)
+    except (OSError, duckdb.Error) as e:  # a full disk: IOException, or a failed commit of its WAL
+        for stale in (tmp, tmp.with_name(tmp.name + ".wal"), root / "catalog.duckdb"):
+            stale.unlink(missing_ok=True)
+        why = "disk full; free some space" if is_disk_full(e) else str(e).splitlines()[0]
         raise StoreError(
             f"the new generation of {root} is published, but catalog.duckdb (the duckdb CLI's "
-            f"view of it) could not be written ({e}); the next ingest writes it again"
+            f"view of it) could not be written ({why}); the next ingest writes it again"
         ) from None
