@@ -45,6 +45,7 @@ from ingest.task import CHUNKS_PER_TASK, FileResult, FileTask, RunTask, ingestor
 from workbench.errors import NotFoundError
 from workbench.executor import Executor, LocalExecutor
 from workbench.store import Store, StoreError, StoreWriter
+from workbench.store.config import max_tags_per_run
 
 NOT_READ = ("not_read", "labels_error", "checkpoint_error")  # problems of things not read at all
 # in an ingest of this many runs, small chunks are written many runs' to a file (task.SHARED_BELOW)
@@ -342,19 +343,44 @@ def _apply(w: StoreWriter, results: list[FileResult], report: IngestReport) -> N
 
 def _run_tasks(w: StoreWriter, files: list[tuple[FileTask, str]], check_crc: bool) -> list[RunTask]:
     """One task per run (files in the order given, which puts configuration first), numbered
-    from the writer's next chunk id."""
+    from the writer's next chunk id, with the tags the run holds and how many it may."""
     tasks: dict[str, RunTask] = {}
+    max_tags = max_tags_per_run(w.root, Path.cwd())
+    held = _tags_held(w, {run_id for _, run_id in files})
     for ft, run_id in files:
         if run_id not in tasks:
             first = w.next_chunk_id + len(tasks) * CHUNKS_PER_TASK
             tasks[run_id] = RunTask(
-                str(w.root), run_id, [], w.run_config(run_id), w.plugins(run_id), first, check_crc
+                str(w.root),
+                run_id,
+                [],
+                w.run_config(run_id),
+                w.plugins(run_id),
+                first,
+                check_crc,
+                tags=held.get(run_id, []),
+                max_tags=max_tags,
             )
         tasks[run_id].files.append(ft)
     if len(tasks) >= SHARED_MIN_RUNS:
         for t in tasks.values():
             t.share_small = True
     return list(tasks.values())
+
+
+def _tags_held(w: StoreWriter, runs: set[str]) -> dict[str, list[str]]:
+    """The distinct tags each of these runs holds in the store (and staged)."""
+    if not runs:
+        return {}
+    chunks = w.table("chunks").filter(pl.col("run_id").is_in(sorted(runs))).select("chunk_id", "run_id")
+    held = (
+        w.table("chunk_tags")
+        .select("chunk_id", "tag")
+        .join(chunks, on="chunk_id")
+        .group_by("run_id")
+        .agg(pl.col("tag").unique())
+    )
+    return dict(held.iter_rows())
 
 
 def _read_runs(
