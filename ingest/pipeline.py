@@ -48,7 +48,8 @@ from workbench.store import Store, StoreError, StoreWriter
 from workbench.store.config import max_tags_per_run
 
 NOT_READ = ("not_read", "labels_error", "checkpoint_error")  # problems of things not read at all
-# in an ingest of this many runs, small chunks are written many runs' to a file (task.SHARED_BELOW)
+# in an ingest of this many runs, or of a run of this many files, small chunks are written many
+# to a file (task.SHARED_BELOW)
 SHARED_MIN_RUNS = 64
 # below this much work, spawning processes costs more than it saves
 PARALLEL_MIN_TASKS = 64
@@ -106,6 +107,11 @@ def ingest(
         roots = w.table("roots")["root"].to_list()
         work = []
         labelled: list[tuple[Path, list[dict]]] = []
+        logs = w.table("files").filter(pl.col("format").is_not_null())
+        known = {
+            p: (size, mtime, fmt)
+            for p, size, mtime, fmt in logs.select("path", "size", "mtime_ns", "format").iter_rows()
+        }
         for root in paths:
             if root in unreachable:
                 set_problem(w, report, root.absolute(), None, "not_read", unreachable[root])
@@ -118,11 +124,13 @@ def ingest(
             if labels_file.is_file():
                 with _isolated(w, report, labels_file, None, "labels_error"):
                     labelled.append((labels_file, _read_labels(w, labels_file, root, base, report)))
-            found = discover(root, ingestors)
+            found = discover(root, ingestors, known)
             for folder, why in found.problems:
                 set_problem(w, report, folder, None, "not_read", why)
+            run_ids: dict[Path, str] = {}  # a run of many files: its id worked out once
             for f in found.files:
-                run_id = run_id_for(f.run_dir, root, base)
+                if (run_id := run_ids.get(f.run_dir)) is None:
+                    run_id = run_ids[f.run_dir] = run_id_for(f.run_dir, root, base)
                 work.append((f, run_id))
             logs = frozenset(f.path for f in found.files if f.format)
             for folder, run_dir in found.checkpoints:
@@ -362,9 +370,8 @@ def _run_tasks(w: StoreWriter, files: list[tuple[FileTask, str]], check_crc: boo
                 max_tags=max_tags,
             )
         tasks[run_id].files.append(ft)
-    if len(tasks) >= SHARED_MIN_RUNS:
-        for t in tasks.values():
-            t.share_small = True
+    for t in tasks.values():  # many runs, or a run of many files: a Parquet file per chunk costs more
+        t.share_small = len(tasks) >= SHARED_MIN_RUNS or len(t.files) >= SHARED_MIN_RUNS
     return list(tasks.values())
 
 

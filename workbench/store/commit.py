@@ -90,6 +90,8 @@ def _derive(
     changed: set[str],
     errors: dict[str, str],
 ) -> None:
+    if previous is not None and _same_tables(gen, previous):
+        derive = {}  # nothing they are derived from changed (an unchanged tree ingested again)
     for table in schema.DERIVED_TABLES:
         out = gen / f"{table}.parquet"
         frame = (
@@ -102,6 +104,18 @@ def _derive(
         else:
             continue
         layout.fsync_file(out)
+
+
+def _same_tables(gen: Path, previous: Path) -> bool:
+    """Whether every table of `gen` holds the same bytes as `previous`'s (by its manifest)."""
+    try:
+        listed = (layout.read_manifest(previous) or {}).get("tables", {})
+        return all(
+            (listed.get(f"{t}.parquet") or {}).get("sha256") == layout.sha256_file(gen / f"{t}.parquet")
+            for t in schema.META_TABLES
+        )
+    except (OSError, ValueError):
+        return False
 
 
 def _derived(
