@@ -93,12 +93,14 @@ def test_a_kill_while_writing_leaves_the_previous_files(labelled, tmp_path):
     out = tmp_path / "results"
     labelled[2].write(out)
     before = contents(out)
-    for delay in (0.2, 0.4, 0.6):  # while the temporary files are being written
+    for delay in (0.0, 0.01, 0.03):  # while 128 MiB of temporary files are written and flushed
         p = subprocess.Popen([sys.executable, "-c", WRITER, str(out)])
         deadline = time.monotonic() + 30
         while not any(n.startswith(".") for n in os.listdir(out)) and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(delay)
+        writing = [n for n in os.listdir(out) if n.startswith(".backtest.json.")]
+        assert p.poll() is None and writing, "the kill lands while the new files are being written"
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         assert {k: v for k, v in contents(out).items() if not k.startswith(".")} == before
