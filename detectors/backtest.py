@@ -41,6 +41,7 @@ alert's step_fired. Undefined values are null, never NaN. No point-adjusted F1.
 from __future__ import annotations
 
 import fnmatch
+import io
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -69,7 +70,7 @@ from detectors.scoring import (  # noqa: F401 (the scoring API is used from here
 )
 from detectors.series import ReplayError
 from detectors.tuning import folds_of, run_groups, tune_rule
-from workbench.store import Store, reads
+from workbench.store import Store, atomic, reads
 
 if TYPE_CHECKING:
     from workbench.executor import Executor
@@ -153,12 +154,17 @@ class BacktestResult:
         """backtest.json, rules.csv, rules.parquet, and each other table that has rows as CSV
         (predictors, kinds, summary, families, not_evaluable, ...) in `out_dir`."""
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "backtest.json").write_text(self.to_json() + "\n")
-        self.rules_frame().write_csv(out_dir / "rules.csv")
-        self.rules_frame().write_parquet(out_dir / "rules.parquet")
+        rules, parquet = self.rules_frame(), io.BytesIO()
+        rules.write_parquet(parquet)
+        files = {
+            out_dir / "backtest.json": (self.to_json() + "\n").encode(),
+            out_dir / "rules.csv": rules.write_csv().encode(),
+            out_dir / "rules.parquet": parquet.getvalue(),
+        }
         for name in self.TABLES:
             if getattr(self, name):
-                table(getattr(self, name)).write_csv(out_dir / f"{name}.csv")
+                files[out_dir / f"{name}.csv"] = table(getattr(self, name)).write_csv().encode()
+        atomic.write_files(files)  # all new or all as before, whatever stops it
 
 
 def table(rows: list[dict]) -> pl.DataFrame:
@@ -250,16 +256,16 @@ def judge_points(
 ) -> tuple[list[Scored], dict[str, str]]:
     """Each replayed point's outcomes on the labelled runs it could be evaluated on, and why
     not on the others (asked once per rule, of its own parameters); and the rules evaluable
-    nowhere (an error when the user gave them)."""
+    nowhere, with why (an error when none of the user's rules is evaluable)."""
     live: list[tuple[Rule, bool, Rule, RuleReplay]] = []
     skipped: dict[str, str] = {}
     for (p, default, parent), d in zip(points, done, strict=True):
         if d.error:
-            if explicit:
-                raise ReplayError(d.error)
             skipped.setdefault(parent.id, d.error.split(";")[0])
             continue
         live.append((p, default, parent, d))
+    if explicit and not live:  # none of the user's rules is evaluable: say why
+        raise ReplayError(next(d.error for d in done if d.error))
     asked: dict[str, tuple[Rule, list[str]]] = {}
     for p, default, parent, d in live:
         if default or parent.id not in asked:

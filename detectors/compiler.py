@@ -76,6 +76,10 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
                 data.cache[ck] = s.with_columns(value=leaf_values(node.fn, node.args[1].value, s, seed))
             s = data.cache[ck]
         frames.append((col, name, s))
+    if not frames:  # a rule made in code, not read from a file (rules_from_text refuses these)
+        raise ReplayError(
+            f"rule {rule.id}: {rule.when!r} reads no series; a rule needs a metric or tag to watch"
+        )
     missing = [_text(name) for _, name, s in frames if s.is_empty()]
     if missing:
         raise ReplayError(

@@ -201,8 +201,9 @@ def replay(
 ) -> ReplayResult:
     """Replay (each rule at its own parameters) over the selected runs and store the alerts.
 
-    Without `rules`, the defaults; those not evaluable on the selection are listed in `skipped`.
-    A rule the user gave that is evaluable nowhere is an error. `executor`: fan the batches
+    Without `rules`, the defaults. The rules not evaluable on the selection (a metric no run
+    logs) are listed in `skipped` with why, the others replayed; when none of the rules the
+    user gave is evaluable, that is an error. `executor`: fan the batches
     out (`replay_on`); None evaluates them here.
     """
     explicit = rules is not None
@@ -215,7 +216,7 @@ def replay(
     else:
         done = replay_on(executor, store, rules, groups)[0]
     skipped = {r.id: d.error for r, d in zip(rules, done, strict=True) if d.error}
-    if explicit and skipped:
+    if explicit and len(skipped) == len(rules):  # nothing to replay: say why
         raise ReplayError(next(iter(skipped.values())))
     evaluable = {r.id: d.evaluable for r, d in zip(rules, done, strict=True) if not d.error}
     alerts = pl.concat([d.alerts for d in done])

@@ -208,6 +208,14 @@ def rule_from_table(t: dict, where: str) -> Rule:
     globs = {n.name for n in language.names(language.substitute(tree, dict.fromkeys(known, 0))) if n.is_glob}
     if len(globs) > 1:
         raise RuleFileError(f"{where}: at most one tag glob per rule, found {sorted(globs)}")
+    if not language.names(language.substitute(tree, dict.fromkeys(known, 0))):
+        shadow = sorted({n.name for n in language.names(tree)} & known)
+        why = (
+            f"its names {shadow} are all parameters ([rule.params]); rename a parameter that shadows a metric"
+            if shadow
+            else "it compares numbers only"
+        )
+        raise RuleFileError(f"{where}: 'when' reads no series ({why}); a rule needs a metric or tag to watch")
     if not language.is_boolean(tree):
         raise RuleFileError(
             f"{where}: 'when' must be a condition (a comparison, and/or/not), got an arithmetic expression"

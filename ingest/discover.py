@@ -108,13 +108,20 @@ def _lfs_pointer(path: Path, size: int) -> str | None:
     )
 
 
-def _look(path: Path, ingestors: list[Ingestor]) -> tuple[str | None, str | None]:
+Known = dict[str, tuple[int, int, str]]  # path -> (size, mtime_ns, format) of logs read before
+
+
+def _look(path: Path, ingestors: list[Ingestor], known: Known | None = None) -> tuple[str | None, str | None]:
     """(format, problem) of one file: only regular files are read (a FIFO or a device would
-    block or never end), and a file whose format cannot be told is a problem, not a crash."""
+    block or never end), and a file whose format cannot be told is a problem, not a crash. A
+    log `known` at this size and mtime keeps its format unread (a tree of many small files
+    ingested again is a stat per file)."""
     try:
         st = path.stat()  # follows a symlink to what it names
     except OSError as e:
         return None, f"unreadable: {e.strerror}"
+    if known and (k := known.get(str(path))) and k[:2] == (st.st_size, st.st_mtime_ns):
+        return k[2], None
     if not stat.S_ISREG(st.st_mode):
         what = next((w for test, w in _SPECIAL if test(st.st_mode)), "not a regular file")
         via = " (through a symlink)" if path.is_symlink() else ""
@@ -135,7 +142,7 @@ def _look(path: Path, ingestors: list[Ingestor]) -> tuple[str | None, str | None
 
 
 def _walk(
-    top: Path, ingestors: list[Ingestor], unlisted: list[tuple[Path, str]]
+    top: Path, ingestors: list[Ingestor], unlisted: list[tuple[Path, str]], known: Known | None = None
 ) -> tuple[dict[Path, list[tuple[Path, str | None, str | None]]], list[Path]]:
     """Every file under `top` with its (format, problem), by folder, and the checkpoint folders
     met on the way (not entered: their files are the checkpoint's). Files of a checkpoint
@@ -165,22 +172,35 @@ def _walk(
         )
         for name in sorted(filenames):
             p = d / name
-            if p.is_symlink() and not p.exists():
+            if _dangling(p):
                 continue
-            fmt, problem = _look(p, ingestors)
+            fmt, problem = _look(p, ingestors, known)
             if in_container and problem is None and (fmt is None or (fmt == "jsonl" and _whole_json(p))):
                 continue  # checkpoint metadata or weights: the checkpoint scan records them
             files.setdefault(d, []).append((p, fmt, problem))
     return files, checkpoint_dirs
 
 
+def _dangling(path: Path) -> bool:
+    """A symlink to nothing (skipped); one that cannot be followed (EACCES, a /proc link) is
+    left to `_look`, which reports it."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _whole_json(path: Path) -> bool:
     return path.name.lower().removesuffix(".gz").endswith(".json")
 
 
-def discover(root: Path, ingestors: list[Ingestor]) -> Discovery:
+def discover(root: Path, ingestors: list[Ingestor], known: Known | None = None) -> Discovery:
     """All files under `root` (or `root` itself when it is a file), each with its run folder,
-    and the checkpoint folders met on the way, each with its run folder.
+    and the checkpoint folders met on the way, each with its run folder. `known`: the logs
+    read before, whose format is not sniffed again while their size and mtime stay.
 
     A checkpoint folder whose run holds no log (`checkpoint-N/` copied alone, a Hub repository
     of one checkpoint) is read as a run of its own: its trainer_state.json is all there is."""
@@ -189,7 +209,7 @@ def discover(root: Path, ingestors: list[Ingestor]) -> Discovery:
         fmt, problem = _look(root, ingestors)
         return Discovery([Found(root, root.parent, fmt, None if fmt or problem else NOT_A_LOG, problem)], [])
     unlisted: list[tuple[Path, str]] = []
-    files, checkpoint_dirs = _walk(root, ingestors, unlisted)
+    files, checkpoint_dirs = _walk(root, ingestors, unlisted, known)
     owner = _Owners(root, ingestors, files)
     with_logs = {owner(d) for d in files if owner.formats.get(d)}
     alone = [c for c in checkpoint_dirs if c.name not in CONTAINERS and owner(c.parent) not in with_logs]

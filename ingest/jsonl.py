@@ -86,6 +86,16 @@ def wall_time_of(record: dict) -> float | None:
     return None
 
 
+def whole_step(v) -> int | None:
+    """`to_step`, refusing a fractional step (1.5): cut to a whole one it would fall on another
+    record's step and replace its points."""
+    step = to_step(v)
+    x = to_float(v) if step is not None and not isinstance(v, int) else None
+    if x is not None and x != step:
+        raise ValueError(f"step {v!r} is not a whole number (steps count updates)")
+    return step
+
+
 class RecordsToPoints:
     """Turns step-keyed records into Points, tracking the last step seen across batches."""
 
@@ -101,7 +111,7 @@ class RecordsToPoints:
         if step is None:
             for k in STEP_KEYS:
                 try:
-                    step = to_step(record.get(k))
+                    step = whole_step(record.get(k))
                 except ValueError as e:
                     bad = bad or e
                     continue
@@ -152,6 +162,32 @@ class RecordsToPoints:
 _DIGITS = r"(?i)[0-9]|nan|inf"  # a string that may be a number as `to_float` reads it
 
 
+DENSE_CELLS = 1 << 20  # a block's table may hold this many cells whatever its points
+
+
+def _wide(lines: list[str], n: int) -> bool:
+    """Whether the block's records name so many different keys that its table (a column per
+    key, a row per record) would hold far more cells than points: a tag explosion (new keys in
+    every record), which the line path reads point by point. Judged on two samples of lines:
+    the keys of the second the first has not seen tell how fast keys keep coming."""
+    stride = max(2, len(lines) // 16)
+    try:
+        seen = [_keys(t) for t in lines[::stride][:16]]
+        held_out = [_keys(t) for t in lines[stride // 2 :: stride][:16]]
+    except JsonError:
+        return False  # the block parse refuses it
+    union = set().union(*seen)
+    pairs = sum(map(len, seen + held_out)) / max(1, len(seen) + len(held_out))
+    new = sum(len(k - union) for k in held_out) / max(1, len(held_out))  # unseen keys per record
+    cells = n * (len(union) + new * n)
+    return cells > max(DENSE_CELLS, 8 * n * pairs)
+
+
+def _keys(line: str) -> set[str]:
+    rec = loads_json(line) if line.strip() else {}
+    return set(rec) if isinstance(rec, dict) else set()
+
+
 def block_points(lines: list) -> tuple[Points, int, str] | None:
     """A block of flat JSON records with an integer step in every record, read at once with
     pyarrow: its points (in logged order, as `RecordsToPoints.add` would give them), its last
@@ -164,6 +200,8 @@ def block_points(lines: list) -> tuple[Points, int, str] | None:
     if text.count("{") != n:  # one flat object a line, nothing nested
         return None
     if "NaN" in text or "Infinity" in text:  # bare non-finite numbers: the line path's business
+        return None
+    if _wide(lines, n):
         return None
     data = text.encode()
     try:  # one block: types inferred from every record; pyarrow's reader is the faster here

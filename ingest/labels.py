@@ -20,6 +20,7 @@ import tomllib
 from pathlib import Path
 
 from ingest.base import Problem
+from workbench.store.config import toml_error_line, toml_error_text
 from workbench.store.schema import OUTCOMES
 
 KNOWN = ("outcome", "onset", "kind", "note")
@@ -28,7 +29,8 @@ KNOWN = ("outcome", "onset", "kind", "note")
 def read_labels_toml(path: Path) -> tuple[list[dict], list[Problem]]:
     """(rows keyed by folder name relative to the file, problems)."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
     except UnicodeDecodeError as e:
         return [], [
             Problem(
@@ -36,7 +38,10 @@ def read_labels_toml(path: Path) -> tuple[list[dict], list[Problem]]:
             )
         ]
     except tomllib.TOMLDecodeError as e:
-        return [], [Problem(getattr(e, "lineno", 0) or 0, "bad_toml", f"{e}; no labels read from this file")]
+        line = toml_error_line(e, text)
+        return [], [
+            Problem(line, "bad_toml", f"line {line}: {toml_error_text(e)}; no labels read from this file")
+        ]
     rows, problems = [], []
     runs = data.get("runs", {})
     if not isinstance(runs, dict):

@@ -15,11 +15,13 @@ the previous generation stays in force.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import polars as pl
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -44,9 +46,11 @@ from workbench.errors import NotFoundError
 from workbench.executor import Executor, LocalExecutor
 from workbench.store import Store, StoreError, StoreWriter
 from workbench.store.commit import Derive
+from workbench.store.config import max_tags_per_run
 
 NOT_READ = ("not_read", "labels_error", "checkpoint_error")  # problems of things not read at all
-# in an ingest of this many runs, small chunks are written many runs' to a file (task.SHARED_BELOW)
+# in an ingest of this many runs, or of a run of this many files, small chunks are written many
+# to a file (task.SHARED_BELOW)
 SHARED_MIN_RUNS = 64
 # below this much work, spawning processes costs more than it saves
 PARALLEL_MIN_TASKS = 64
@@ -89,15 +93,30 @@ def ingest(
     t0 = time.perf_counter()
     ingestors = make_ingestors(check_crc=check_crc)
     by_name = {i.name: i for i in ingestors}
+    unreachable = {}  # a path that cannot be looked at (EACCES, a /proc link): a problem row
     for p in paths:
-        if not p.exists():
+        try:
+            there = p.exists()
+        except OSError as e:
+            unreachable[p] = f"not read: {e.strerror or e}"
+            continue
+        if not there:
             raise NotFoundError(f"{p}: no such file or folder")
     with store.writer(wait_s=wait_s) as w:
         w.set_sources(precedence(ingestors))
         w.clear_problems([str(p.absolute()) for p in paths], NOT_READ)  # found again below if they still are
         roots = w.table("roots")["root"].to_list()
         work = []
+        labelled: list[tuple[Path, list[dict]]] = []
+        stored = w.table("files").filter(pl.col("format").is_not_null())
+        known = {
+            p: (size, mtime, fmt)
+            for p, size, mtime, fmt in stored.select("path", "size", "mtime_ns", "format").iter_rows()
+        }
         for root in paths:
+            if root in unreachable:
+                set_problem(w, report, root.absolute(), None, "not_read", unreachable[root])
+                continue
             base = _base_for(root, roots)
             if str(base) not in roots:
                 roots.append(str(base))
@@ -105,12 +124,14 @@ def ingest(
             labels_file = (root if root.is_dir() else root.parent) / "labels.toml"
             if labels_file.is_file():
                 with _isolated(w, report, labels_file, None, "labels_error"):
-                    _read_labels(w, labels_file, root, base, report)
-            found = discover(root, ingestors)
+                    labelled.append((labels_file, _read_labels(w, labels_file, root, base, report)))
+            found = discover(root, ingestors, known)
             for folder, why in found.problems:
                 set_problem(w, report, folder, None, "not_read", why)
+            run_ids: dict[Path, str] = {}  # a run of many files: its id worked out once
             for f in found.files:
-                run_id = run_id_for(f.run_dir, root, base)
+                if (run_id := run_ids.get(f.run_dir)) is None:
+                    run_id = run_ids[f.run_dir] = run_id_for(f.run_dir, root, base)
                 work.append((f, run_id))
             logs = frozenset(f.path for f in found.files if f.format)
             for folder, run_dir in found.checkpoints:
@@ -126,6 +147,8 @@ def ingest(
             bar = progress.add_task("ingest", total=total)
             _read_runs(w, tasks, executor, report, progress, bar)
             _reread_stale(w, by_name, found_by_path, {run_id for _, run_id in files}, report, check_crc)
+        for labels_file, rows in labelled:
+            _check_labels(w, labels_file, rows, report)
         staged = stage(w) if stage is not None else False
         if not light:
             derive: dict[str, Derive] = {"lineage": lineage.build, "agreement": agreement.build}
@@ -241,19 +264,51 @@ def _checkpoint_problem(w: StoreWriter, report, row: dict, kind: str, message: s
         report.problems.append((row["path"], problem))
 
 
-def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: IngestReport) -> None:
+def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: IngestReport) -> list[dict]:
+    """Store the labels of one labels.toml (replacing what it said before); returns them."""
     rows, problems = read_labels_toml(path)
-    w.set_labels(
-        str(path.absolute()),
-        [
-            {k: v for k, v in r.items() if k != "folder"}
-            | {"run_id": run_id_for(path.parent / r["folder"], root, base)}
-            for r in rows
-        ],
-    )
+    labels = [
+        {k: v for k, v in r.items() if k != "folder"}
+        | {"run_id": run_id_for(path.parent / r["folder"], root, base)}
+        for r in rows
+    ]
+    w.set_labels(str(path.absolute()), labels)
     report.problems.extend((str(path), p) for p in problems)
     w.set_problems(str(path), [problem_row(str(path), None, p) for p in problems])  # read whole each time
     report.labels += len(rows)
+    return labels
+
+
+def _check_labels(w: StoreWriter, path: Path, labels: list[dict], report: IngestReport) -> None:
+    """A label for a run the store does not hold, or whose onset lies outside the run's steps,
+    is kept (the run may come later) and reported as a problem of the labels file."""
+    ranges = (
+        w.table("chunks")
+        .select("chunk_id", "run_id")
+        .join(w.table("chunk_tags").select("chunk_id", "min_step", "max_step"), on="chunk_id")
+        .group_by("run_id")
+        .agg(pl.col("min_step").min(), pl.col("max_step").max())
+    )
+    steps = {r: (lo, hi) for r, lo, hi in ranges.iter_rows()}
+    runs = set(w.table("files")["run_id"].to_list()) | set(steps)
+    problems = []
+    for label in labels:
+        run, onset = label["run_id"], label["onset"]
+        if run not in runs:
+            problems.append(
+                Problem(0, "label_unknown_run", f"[runs.{json.dumps(run)}]: no such run under {path.parent}")
+            )
+        elif onset is not None and run in steps and not steps[run][0] <= onset <= steps[run][1]:
+            lo, hi = steps[run]
+            problems.append(
+                Problem(
+                    0,
+                    "label_onset_outside",
+                    f"[runs.{json.dumps(run)}]: onset {onset} is outside the run's steps ({lo} to {hi})",
+                )
+            )
+    report.problems.extend((str(path), p) for p in problems)
+    w.add("problems", [problem_row(str(path), None, p) for p in problems])
 
 
 def _progress(console: Console, total: int) -> Progress:
@@ -294,19 +349,43 @@ def _apply(w: StoreWriter, results: list[FileResult], report: IngestReport) -> N
 
 def _run_tasks(w: StoreWriter, files: list[tuple[FileTask, str]], check_crc: bool) -> list[RunTask]:
     """One task per run (files in the order given, which puts configuration first), numbered
-    from the writer's next chunk id."""
+    from the writer's next chunk id, with the tags the run holds and how many it may."""
     tasks: dict[str, RunTask] = {}
+    max_tags = max_tags_per_run(w.root, Path.cwd())
+    held = _tags_held(w, {run_id for _, run_id in files})
     for ft, run_id in files:
         if run_id not in tasks:
             first = w.next_chunk_id + len(tasks) * CHUNKS_PER_TASK
             tasks[run_id] = RunTask(
-                str(w.root), run_id, [], w.run_config(run_id), w.plugins(run_id), first, check_crc
+                str(w.root),
+                run_id,
+                [],
+                w.run_config(run_id),
+                w.plugins(run_id),
+                first,
+                check_crc,
+                tags=held.get(run_id, []),
+                max_tags=max_tags,
             )
         tasks[run_id].files.append(ft)
-    if len(tasks) >= SHARED_MIN_RUNS:
-        for t in tasks.values():
-            t.share_small = True
+    for t in tasks.values():  # many runs, or a run of many files: a Parquet file per chunk costs more
+        t.share_small = len(tasks) >= SHARED_MIN_RUNS or len(t.files) >= SHARED_MIN_RUNS
     return list(tasks.values())
+
+
+def _tags_held(w: StoreWriter, runs: set[str]) -> dict[str, list[str]]:
+    """The distinct tags each of these runs holds in the store (and staged)."""
+    if not runs:
+        return {}
+    chunks = w.table("chunks").filter(pl.col("run_id").is_in(sorted(runs))).select("chunk_id", "run_id")
+    held = (
+        w.table("chunk_tags")
+        .select("chunk_id", "tag")
+        .join(chunks, on="chunk_id")
+        .group_by("run_id")
+        .agg(pl.col("tag").unique())
+    )
+    return dict(held.iter_rows())
 
 
 def _read_runs(

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ingest.discover import CHECKPOINT_DIR
 from workbench.errors import NotFoundError, WorkbenchError
+from workbench.store import atomic
 from workbench.store.layout import lake_dir
 
 APPENDABLE_SUFFIXES = (".jsonl", ".ndjson", ".csv", ".log", ".txt", ".out", ".err")
@@ -172,9 +173,7 @@ def sync(url: str, store_root: Path, storage_options: dict | None = None) -> Syn
                 ns = _mtime_ns(now[rel])
                 os.utime(mirror / rel, ns=(ns, ns))
         manifest_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = manifest_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(now, sort_keys=True))
-        os.replace(tmp, manifest_path)
+        atomic.write_text(manifest_path, json.dumps(now, sort_keys=True))
     mirror.mkdir(parents=True, exist_ok=True)
     report.seconds = time.perf_counter() - t0
     return report

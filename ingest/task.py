@@ -26,6 +26,8 @@ from ingest.report import error_text, problem_row
 from workbench.store import StoreError
 from workbench.store import parts as store_parts
 from workbench.store import schema as store_schema
+from workbench.store.config import DEFAULT_MAX_TAGS_PER_RUN
+from workbench.store.points import Points
 from workbench.store.writer import chunk_row, deep_merge, disk_full_is_a_store_error
 
 # chunk ids each run's task may use: tasks run anywhere and in any order, and still number their
@@ -62,6 +64,57 @@ class RunTask:
     first_chunk: int  # chunk ids [first_chunk, first_chunk + CHUNKS_PER_TASK) are this task's
     check_crc: bool = True
     share_small: bool = False  # leave small chunks to the writer to write with other runs'
+    tags: list[str] = field(default_factory=list)  # the distinct tags the run holds already
+    max_tags: int = DEFAULT_MAX_TAGS_PER_RUN  # past this many, a new tag's points are not stored
+
+
+class TagBudget:
+    """The distinct tags one run may hold: those it holds, and new ones until `limit`; the
+    points of tags past it are dropped and counted per file (a log that names a new key in
+    every record would otherwise cost memory and time by keys x records, and bury the rest)."""
+
+    def __init__(self, tags: list[str], limit: int):
+        self.seen, self.limit = set(tags), limit
+        self.dropped_tags: set[str] = set()
+        self.dropped_points = 0
+
+    def admit(self, points: Points) -> Points:
+        ok = np.ones(len(points.tags), bool)
+        for i, t in enumerate(points.tags):
+            if t in self.seen:
+                continue
+            if len(self.seen) < self.limit:
+                self.seen.add(t)
+            else:
+                ok[i] = False
+                self.dropped_tags.add(t)
+        if ok.all():
+            return points
+        mask = ok[points.tag_code]
+        self.dropped_points += int(len(points) - mask.sum())
+        keep = np.flatnonzero(ok)
+        code = np.full(len(ok), -1, np.int32)
+        code[keep] = np.arange(len(keep), dtype=np.int32)
+        return Points(
+            [points.tags[i] for i in keep],
+            code[points.tag_code[mask]],
+            points.step[mask],
+            points.wall_time[mask],
+            points.value[mask],
+        )
+
+    def problem(self) -> Problem | None:
+        """The file's problem when it named tags past the limit (then the count starts over)."""
+        if not self.dropped_tags:
+            return None
+        n, points = len(self.dropped_tags), self.dropped_points
+        self.dropped_tags, self.dropped_points = set(), 0
+        return Problem(
+            0,
+            "too_many_tags",
+            f"{n:,} more distinct tags than the run's limit of {self.limit:,} (max_tags_per_run "
+            f"under [ingest] in workbench.toml); their {points:,} points were not stored",
+        )
 
 
 @dataclass
@@ -116,9 +169,19 @@ def read_run(task: RunTask) -> list[FileResult]:
     next_id = [task.first_chunk]
     out = []
     pool = _pool()
+    budget = TagBudget(task.tags, task.max_tags)
     for ft in task.files:
         res = _read_file(
-            root, pool, by_name[ft.format], ft, task.run_id, run_config, plugins, next_id, task.share_small
+            root,
+            pool,
+            by_name[ft.format],
+            ft,
+            task.run_id,
+            run_config,
+            plugins,
+            next_id,
+            budget,
+            task.share_small,
         )
         if next_id[0] > task.first_chunk + CHUNKS_PER_TASK:
             raise StoreError(f"{ft.path}: more than {CHUNKS_PER_TASK} chunks in one ingest of one run")
@@ -138,6 +201,7 @@ def _read_file(
     run_config: dict,
     plugins: dict[str, str],
     next_id: list[int],
+    budget: TagBudget,
     share: bool = False,
 ) -> FileResult:
     """Read one file from its offset and write its batches' parts. Whatever goes wrong stays
@@ -153,10 +217,14 @@ def _read_file(
     tally = _Tally.resume(ft.prev, ft.offset)
     ctx = ReadContext(run_id, state=tally.state, plugins=dict(plugins), run_config=dict(run_config))
     pending: list = []
-    failure = _read_batches(root, pool, pending, res, ingestor, ft, ctx, tally, next_id, share)
+    failure = _read_batches(root, pool, pending, res, ingestor, ft, ctx, tally, next_id, budget, share)
     with disk_full_is_a_store_error(root):
         for f in pending:
             _collect(res, f.result())
+    if (too_many := budget.problem()) is not None:
+        res.reported.append(too_many)
+        res.problems.append(problem_row(ft.path, run_id, too_many))
+        tally.problems += 1
     if failure is not None:
         tally.note = failure.message
         res.reported.append(failure)
@@ -222,12 +290,14 @@ def _read_batches(
     ctx: ReadContext,
     tally: _Tally,
     next_id: list[int],
+    budget: TagBudget,
     share: bool,
 ) -> Problem | None:
-    """Stage the file's batches as the reader yields them; the problem that stopped it, if any
-    (only the store failing is raised)."""
+    """Stage the file's batches as the reader yields them (their points of tags within the
+    run's budget); the problem that stopped it, if any (only the store failing is raised)."""
     try:
         for batch in ingestor.read(Path(ft.path), ft.offset, ctx):
+            batch.points = budget.admit(batch.points)
             _stage(root, pool, pending, res, ingestor.name, batch, next_id, share)
             res.reported.extend(batch.problems)
             tally.add(batch)

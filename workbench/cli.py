@@ -318,7 +318,12 @@ def tags(run, store, fmt):
 @main.command()
 @click.argument("run")
 @click.option("--outcome", type=click.Choice(["failed", "healthy", "unknown"]), required=True)
-@click.option("--onset", type=int, default=None, help="Step where the failure starts (failed runs).")
+@click.option(
+    "--onset",
+    type=click.IntRange(0, 2**63 - 1),
+    default=None,
+    help="Step where the failure starts (failed runs).",
+)
 @click.option("--kind", default=None, help="What failed, e.g. divergence_nan, loss_spike, plateau.")
 @click.option("--note", default=None)
 @_store_option
@@ -330,12 +335,14 @@ def label(run, outcome, onset, kind, note, store):
       workbench label exp1 --outcome failed --onset 424 --kind divergence_nan
       workbench sql "SELECT * FROM labels"
     """
-    from workbench.store.query import require_run
+    from workbench.store.query import onset_outside, require_run
 
     s = _store(store)
     require_run(s, run)
     if outcome == "failed" and onset is None:
         err.print("note: a failed run without --onset is counted, but gives no lead time", highlight=False)
+    if onset is not None and (outside := onset_outside(s, run, onset)):
+        err.print(f"[yellow]warning:[/] {escape(outside)}", highlight=False)
     s.label(run, outcome, onset, kind, note)
     err.print(
         f"labelled {escape(run)}: {outcome}" + (f" at step {onset}" if onset is not None else ""),

@@ -10,11 +10,11 @@ resolved at query time so that editing `workbench.toml` applies to data already 
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import duckdb
 
+import workbench.store.config as config
 from workbench.store.sql import literal
 
 # What a tag means is read from its words: `normalized_sql` splits camelCase, lower-cases and
@@ -84,15 +84,26 @@ def normalized_sql(column: str) -> str:
 
 
 def load_user_aliases(*config_dirs: Path) -> dict[str, list[str]]:
-    """`[aliases]` from `workbench.toml` in the given folders (later folders win)."""
+    """`[aliases]` from `workbench.toml` in the given folders (later folders win). A glob with
+    no literal character (`*`, `?*`) would name every tag one metric, and is refused
+    (ConfigError naming the file and line), as is a value that is not a glob or a list of them."""
     merged: dict[str, list[str]] = {}
-    for d in config_dirs:
-        f = Path(d) / "workbench.toml"
-        if f.is_file():
-            with f.open("rb") as fh:
-                table = tomllib.load(fh).get("aliases", {})
-            for metric, globs in table.items():
-                merged[metric] = [globs] if isinstance(globs, str) else list(globs)
+    for f, table in config.section("aliases", *config_dirs):
+        for metric, globs in table.items():
+            where = config.line_of(f, rf"^\s*\"?{re.escape(metric)}\"?\s*=") or 1
+            listed = [globs] if isinstance(globs, str) else globs
+            if not isinstance(listed, list) or not all(isinstance(g, str) for g in listed):
+                raise config.ConfigError(
+                    f"{f}, line {where}: alias {metric} must be a glob or a list of globs over tags "
+                    f'(e.g. {metric} = ["my_model/*_loss"]), got {globs!r}'
+                )
+            if wild := [g for g in listed if not g.strip("*?")]:
+                raise config.ConfigError(
+                    f"{f}, line {where}: alias {metric} = {wild[0]!r} matches every tag: each would "
+                    f"read as {metric} (hiding what the others mean); name the tags, e.g. "
+                    f'{metric} = ["my_model/train_xent", "train/*_loss"]'
+                )
+            merged[metric] = list(listed)
     return merged
 
 

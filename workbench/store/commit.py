@@ -90,6 +90,8 @@ def _derive(
     changed: set[str],
     errors: dict[str, str],
 ) -> None:
+    if previous is not None and _same_tables(gen, previous):
+        derive = {}  # nothing they are derived from changed (an unchanged tree ingested again)
     # one connection for every hook: a hook reads the meta tables and parts, never another
     # hook's table, and binding the views costs more than most hooks
     con = duckdb.connect(":memory:", config=duckdb_config())
@@ -110,6 +112,18 @@ def _derive(
             layout.fsync_file(out)
     finally:
         con.close()
+
+
+def _same_tables(gen: Path, previous: Path) -> bool:
+    """Whether every table of `gen` holds the same bytes as `previous`'s (by its manifest)."""
+    try:
+        listed = (layout.read_manifest(previous) or {}).get("tables", {})
+        return all(
+            (listed.get(f"{t}.parquet") or {}).get("sha256") == layout.sha256_file(gen / f"{t}.parquet")
+            for t in schema.META_TABLES
+        )
+    except (OSError, ValueError):
+        return False
 
 
 def _derived(
@@ -149,10 +163,11 @@ def write_catalog(root: Path, gen: Path) -> None:
             con.close()
         os.replace(tmp, root / "catalog.duckdb")
         (root / layout.CATALOG_GENERATION).write_text(gen.name + "\n")
-    except (OSError, duckdb.IOException) as e:
-        tmp.unlink(missing_ok=True)
-        (root / "catalog.duckdb").unlink(missing_ok=True)
+    except (OSError, duckdb.Error) as e:  # a full disk: IOException, or a failed commit of its WAL
+        for stale in (tmp, tmp.with_name(tmp.name + ".wal"), root / "catalog.duckdb"):
+            stale.unlink(missing_ok=True)
+        why = "disk full; free some space" if is_disk_full(e) else str(e).splitlines()[0]
         raise StoreError(
             f"the new generation of {root} is published, but catalog.duckdb (the duckdb CLI's "
-            f"view of it) could not be written ({e}); the next ingest writes it again"
+            f"view of it) could not be written ({why}); the next ingest writes it again"
         ) from None

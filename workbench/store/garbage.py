@@ -10,6 +10,7 @@ file not named like a part stays.
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import cast
 
@@ -19,6 +20,8 @@ import workbench.store.integrity as integrity
 import workbench.store.layout as layout
 import workbench.store.leases as leases
 import workbench.store.schema as schema
+
+UNLINKERS = 16  # unlinks in flight: the kernel does the work, threads only wait on it
 
 
 def collect(root: Path, current: Path | None) -> int:
@@ -55,9 +58,23 @@ def collect(root: Path, current: Path | None) -> int:
         for kind in schema.PART_KINDS:  # chunks written before `parts`: their parts by name
             n = chunks.height
             live.update(map(Path, layout.part_files(root, [kind] * n, chunks["run_id"], chunks["chunk_id"])))
-    for kind in schema.PART_KINDS:
-        if (root / kind).is_dir():
-            for part in (root / kind).glob("*/*"):
-                if layout.PART_NAME[kind].fullmatch(part.name) and part not in live:
-                    part.unlink(missing_ok=True)
+    dead = [
+        part
+        for kind in schema.PART_KINDS
+        if (root / kind).is_dir()
+        for part in (root / kind).glob("*/*")
+        if layout.PART_NAME[kind].fullmatch(part.name) and part not in live
+    ]
+    _unlink_all(dead)
     return highest
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    """Remove files many at a time: after a compaction of thousands of small parts, one unlink
+    after another (each waiting on the file system's journal) would take minutes."""
+    if len(paths) < 64:
+        for p in paths:
+            p.unlink(missing_ok=True)
+        return
+    with ThreadPoolExecutor(UNLINKERS, thread_name_prefix="gc") as pool:
+        list(pool.map(lambda p: p.unlink(missing_ok=True), paths))

@@ -62,7 +62,12 @@ def store_path(explicit: str | os.PathLike | None = None) -> Path:
 
 
 def is_store(folder: Path) -> bool:
-    return (folder / MARKER).is_file()
+    """Whether `folder` holds a store's marker (a folder that cannot be looked into holds none
+    that counts)."""
+    try:
+        return (folder / MARKER).is_file()
+    except OSError:  # EACCES: Path.is_file raises it
+        return False
 
 
 def writer_lock(root: Path) -> Path:

@@ -14,7 +14,7 @@ from workbench.store.reads import QueryError
 from workbench.store.sql import literal
 from workbench.store.store import Store
 
-__all__ = ["QueryError", "require_run", "run_query"]
+__all__ = ["QueryError", "onset_outside", "require_run", "run_query"]
 
 
 def run_query(
@@ -53,3 +53,13 @@ def require_run(store: Store, run_id: str) -> None:
         raise reads.query_error(store.root, e) from None
     if not known:
         raise NotFoundError(f"no run {run_id!r} in {store.root}; list them with: workbench runs")
+
+
+def onset_outside(store: Store, run_id: str, onset: int) -> str | None:
+    """Why an onset cannot be where the run's failure starts (it lies outside the run's steps),
+    or None when it lies inside."""
+    rows = store.rows(reads.step_range(run_id))
+    first, last = rows[0] if rows else (None, None)
+    if first is None or first <= onset <= last:
+        return None
+    return f"onset {onset} is outside the steps of {run_id} ({first} to {last}); its lead times will not mean much"

@@ -110,6 +110,11 @@ def run_count(run_id: str) -> Query:
     return Query("SELECT count(*) FROM runs WHERE run_id = ?", [run_id])
 
 
+def step_range(run_id: str) -> Query:
+    """(first_step, last_step) of one run's points (nulls: none)."""
+    return Query("SELECT first_step, last_step FROM runs WHERE run_id = ?", [run_id])
+
+
 def run_sizes(runs_glob: str | None = None) -> Query:
     """(run_id, current points) of the runs whose id matches the glob (all: None), by run id."""
     return Query(

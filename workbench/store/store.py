@@ -26,7 +26,7 @@ import workbench.store.leases as leases
 import workbench.store.locks as locks
 import workbench.store.reads as reads
 import workbench.store.views as views
-from workbench.errors import StoreError
+from workbench.errors import StoreError, WorkbenchError
 from workbench.store.layout import store_path
 from workbench.store.sql import duckdb_config
 from workbench.store.writer import CLI_LABEL_ORIGIN, StoreWriter
@@ -46,6 +46,10 @@ class Store:
 
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = store_path(root).absolute()
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(
+                f"{self.root} is a file, not a store folder; pass a folder to --store (or $WORKBENCH_STORE)"
+            )
 
     # ---- reading -------------------------------------------------------------------------
     def current_generation(self) -> Path | None:
@@ -186,6 +190,8 @@ class Store:
     # ---- writing -------------------------------------------------------------------------
     def label(self, run_id: str, outcome: str, onset: int | None, kind: str | None, note: str | None) -> None:
         """Label one run by hand; it overrides labels.toml and automatic labels."""
+        if onset is not None and not 0 <= onset < 2**63:
+            raise WorkbenchError(f"onset {onset} is not a step (a whole number from 0 to {2**63 - 1})")
         with self.writer() as w:
             w.set_labels(
                 CLI_LABEL_ORIGIN,

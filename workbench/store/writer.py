@@ -417,11 +417,14 @@ class StoreWriter:
         the rows of chunks dropped since) into one file (`workbench/store/compaction.py`). Only
         the `parts` rows change, and only at commit do readers see them. Returns how many parts
         were merged."""
-        self._flush_parts()
-        todo, files = compaction.candidates(self.root, self.table("parts"), self.table("chunks"), everything)
-        if len(files) < 2:
-            return 0
-        merged = compaction.merge(self.root, todo, files, self._new_file())
+        with disk_full_is_a_store_error(self.root):
+            self._flush_parts()
+            todo, files = compaction.candidates(
+                self.root, self.table("parts"), self.table("chunks"), everything
+            )
+            if len(files) < 2:
+                return 0
+            merged = compaction.merge(self.root, todo, files, self._new_file())
         self.tables["parts"] = merged.apply(self.tables["parts"])
         self._new["parts"] = [merged.apply(d) for d in self._new["parts"]]
         return len(files)
