@@ -54,7 +54,9 @@ def main() -> None:
             check=True,
             stderr=subprocess.DEVNULL,
         )
-    print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} on {os.cpu_count()} CPUs; {args.pairs} pairs each")
+    print(
+        f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} on {os.cpu_count()} CPUs; {args.pairs} pairs each"
+    )
     print(f"{'command':<8} {'wall s':>8} {'bare s':>8} {'ratio':>6}   {'CPU s':>6} {'bare':>6} {'ratio':>6}")
     for name, cli in COMMANDS.items():
         cmd = [sys.executable, "-m", "workbench", *cli]
