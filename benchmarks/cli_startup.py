@@ -8,6 +8,7 @@ is the sample runs' (ingested once into bench-out/ when missing). Run by hand:
 
     python benchmarks/cli_startup.py            # 15 pairs per command
     python benchmarks/cli_startup.py --pairs 31
+    python benchmarks/cli_startup.py --baseline ../main   # another checkout in the same rounds
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ BARE = [sys.executable, "-c", "import duckdb"]
 COMMANDS = {
     "--help": ["--help"],
     "sql": ["sql", "select 1"],
+    "sql csv": ["sql", "select 1", "--format", "csv"],
     "runs": ["runs", "--format", "csv"],
     "tags": ["tags", "healthy_seed0", "--format", "csv"],
 }
@@ -45,8 +47,13 @@ def timed(cmd: list[str], env: dict) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=15)
+    ap.add_argument("--baseline", type=Path, help="a checkout of another version, timed in the same rounds")
     args = ap.parse_args()
     env = {**os.environ, "WORKBENCH_STORE": str(STORE), "PYTHONPATH": str(ROOT)}
+    # bytecode cached as in any install (under bench-out/, so no checkout is written to)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(ROOT / "bench-out" / "pycache")
+    base_env = {**env, "PYTHONPATH": str(args.baseline.resolve())} if args.baseline else None
     if not (STORE / "CURRENT").exists():
         subprocess.run(
             [sys.executable, "-m", "workbench", "ingest", str(ROOT / "sample_runs")],
@@ -57,17 +64,24 @@ def main() -> None:
     print(
         f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} on {os.cpu_count()} CPUs; {args.pairs} pairs each"
     )
-    print(f"{'command':<8} {'wall s':>8} {'bare s':>8} {'ratio':>6}   {'CPU s':>6} {'bare':>6} {'ratio':>6}")
+    head = f"{'command':<8} {'wall s':>8} {'bare s':>8} {'ratio':>6}   {'CPU s':>6} {'bare':>6} {'ratio':>6}"
+    print(head + (f"   {'baseline CPU s':>14} {'ratio':>6}" if base_env else ""))
     for name, cli in COMMANDS.items():
         cmd = [sys.executable, "-m", "workbench", *cli]
         timed(cmd, env), timed(BARE, env)  # warm the page cache
-        mine, bare = [], []
+        mine, bare, base = [], [], []
         for _ in range(args.pairs):
             mine.append(timed(cmd, env))
             bare.append(timed(BARE, env))
+            if base_env:
+                base.append(timed(cmd, base_env))
         w, c = (statistics.median(x) for x in zip(*mine, strict=True))
         bw, bc = (statistics.median(x) for x in zip(*bare, strict=True))
-        print(f"{name:<8} {w:8.3f} {bw:8.3f} {w / bw:6.2f}   {c:6.3f} {bc:6.3f} {c / bc:6.2f}")
+        line = f"{name:<8} {w:8.3f} {bw:8.3f} {w / bw:6.2f}   {c:6.3f} {bc:6.3f} {c / bc:6.2f}"
+        if base:
+            oc = statistics.median(x[1] for x in base)
+            line += f"   {oc:14.3f} {oc / bc:6.2f}"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

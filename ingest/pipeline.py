@@ -95,6 +95,7 @@ def ingest(
         w.set_sources(precedence(ingestors))
         w.clear_problems([str(p.absolute()) for p in paths], NOT_READ)  # found again below if they still are
         roots = w.table("roots")["root"].to_list()
+        known = _known_logs(w)
         work = []
         for root in paths:
             base = _base_for(root, roots)
@@ -105,7 +106,7 @@ def ingest(
             if labels_file.is_file():
                 with _isolated(w, report, labels_file, None, "labels_error"):
                     _read_labels(w, labels_file, root, base, report)
-            found = discover(root, ingestors)
+            found = discover(root, ingestors, known)
             for folder, why in found.problems:
                 set_problem(w, report, folder, None, "not_read", why)
             for f in found.files:
@@ -139,17 +140,29 @@ def ingest(
     return report
 
 
+def _known_logs(w: StoreWriter) -> dict[str, tuple[int, int, str]]:
+    """Each log file the store has read: its size and mtime then, and its format (discovery
+    opens none of them again while they stay so)."""
+    f = w.table("files")
+    return {
+        p: (size, mtime, fmt)
+        for p, size, mtime, fmt in zip(f["path"], f["size"], f["mtime_ns"], f["format"], strict=True)
+        if fmt is not None and size is not None and mtime is not None
+    }
+
+
 def _learn_batch_sizes(store: Store, w: StoreWriter) -> bool:
     """DeepSpeed monitor series still on a samples axis (no batch size anywhere in their run)
     whose values agree with another source's once the axis is divided by a whole ratio: take
     that ratio as the run's train_batch_size. Whether any run learned one."""
-    con = store.connect()
+    query = (
+        "SELECT run_id, abs(step_scale) AS k, source_a, source_b, step_scale FROM agreement "
+        "WHERE verdict = 'scaled' AND ((step_scale < 0 AND starts_with(tag_a, 'Train/Samples/')) "
+        "OR (step_scale > 0 AND starts_with(tag_b, 'Train/Samples/')))"
+    )
+    con = store.connect(query)  # only the views it reads: binding all of them costs a second
     try:
-        scaled = con.sql(
-            "SELECT run_id, abs(step_scale) AS k, source_a, source_b, step_scale FROM agreement "
-            "WHERE verdict = 'scaled' AND ((step_scale < 0 AND starts_with(tag_a, 'Train/Samples/')) "
-            "OR (step_scale > 0 AND starts_with(tag_b, 'Train/Samples/')))"
-        ).fetchall()
+        scaled = con.sql(query).fetchall()
     finally:
         con.close()
     learned = False

@@ -22,7 +22,7 @@ import workbench.store.layout as layout
 import workbench.store.schema as schema
 from workbench.errors import StoreError
 from workbench.store.sql import duckdb_config
-from workbench.store.views import view_statements
+from workbench.store.views import table_view, view_statements
 
 # a table computed from a generation before it is published (lineage, source agreement), given
 # the views of the new generation, the table's rows in the previous one and the runs whose
@@ -90,43 +90,45 @@ def _derive(
     changed: set[str],
     errors: dict[str, str],
 ) -> None:
-    for table in schema.DERIVED_TABLES:
-        out = gen / f"{table}.parquet"
-        frame = (
-            _derived(root, table, derive[table], gen, previous, changed, errors) if table in derive else None
-        )
-        if frame is not None:
-            frame.write_parquet(out, compression="zstd")
-        elif previous is not None and (previous / f"{table}.parquet").exists():
-            shutil.copyfile(previous / f"{table}.parquet", out)
-        else:
-            continue
-        layout.fsync_file(out)
+    """The derived tables, in order, each hook on one connection with the new generation's
+    views (made once: binding them is most of a small ingest's commit), the view of each table
+    made again once it is written, so that a later hook reads it."""
+    con = duckdb.connect(":memory:", config=duckdb_config())
+    made = False  # the views exist on `con`
+    try:
+        for table in schema.DERIVED_TABLES:
+            out = gen / f"{table}.parquet"
+            frame = None
+            if table in derive:
+                try:
+                    if not made:
+                        for stmt in view_statements(root, gen, con):
+                            con.execute(stmt)
+                        made = True
+                    frame = _derived(con, table, derive[table], previous, changed)
+                except Exception as e:  # noqa: BLE001 - a derived table never costs the ingested data
+                    if is_disk_full(e):
+                        raise
+                    errors[table] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if frame is not None:
+                frame.write_parquet(out, compression="zstd")
+            elif previous is not None and (previous / f"{table}.parquet").exists():
+                shutil.copyfile(previous / f"{table}.parquet", out)
+            else:
+                continue
+            layout.fsync_file(out)
+            if made:
+                con.execute(table_view(con, gen, table))
+    finally:
+        con.close()
 
 
 def _derived(
-    root: Path,
-    table: str,
-    hook: Derive,
-    gen: Path,
-    previous: Path | None,
-    changed: set[str],
-    errors: dict[str, str],
-) -> pl.DataFrame | None:
-    """The hook's table, or None (the last one is kept) when it fails, with the reason."""
-    con = duckdb.connect(":memory:", config=duckdb_config())
-    try:
-        for stmt in view_statements(root, gen):
-            con.execute(stmt)
-        before = layout.read_derived(table, previous)
-        return schema.conform(hook(con, before, changed), schema.DERIVED_TABLES[table], table)
-    except Exception as e:  # noqa: BLE001 - a derived table never costs the ingested data
-        if is_disk_full(e):
-            raise
-        errors[table] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        return None
-    finally:
-        con.close()
+    con: duckdb.DuckDBPyConnection, table: str, hook: Derive, previous: Path | None, changed: set[str]
+) -> pl.DataFrame:
+    """The hook's table, from the views on `con`."""
+    before = layout.read_derived(table, previous)
+    return schema.conform(hook(con, before, changed), schema.DERIVED_TABLES[table], table)
 
 
 def write_catalog(root: Path, gen: Path) -> None:

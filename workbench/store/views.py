@@ -50,6 +50,16 @@ def table_columns(con: duckdb.DuckDBPyConnection, gen: Path) -> dict[str, set[st
     return out
 
 
+def table_view(con: duckdb.DuckDBPyConnection, gen: Path, table: str) -> str:
+    """The CREATE VIEW statement of one table of a generation (a derived table just written)."""
+    sch = {**schema.META_TABLES, **schema.DERIVED_TABLES}[table]
+    path = gen / f"{table}.parquet"
+    have = None
+    if path.exists():
+        have = {r[0] for r in con.execute("SELECT name FROM parquet_schema(?)", [str(path)]).fetchall()}
+    return f"CREATE OR REPLACE VIEW _{table} AS {_meta_sql(gen, table, sch, have)}"
+
+
 def listed_parts(
     con: duckdb.DuckDBPyConnection, root: Path, gen: Path, cols: dict[str, set[str]]
 ) -> list[dict]:
