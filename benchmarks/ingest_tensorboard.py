@@ -36,8 +36,9 @@ from numba import njit
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ingest.framing import CRC_TABLES, masked_crc32c  # noqa: E402
 
+CPU: dict[str, float] = {}  # the last measured command's CPU seconds, by its program
 OUT = Path(__file__).resolve().parent.parent / "bench-out" / "tb"
-PEAK = "import resource,subprocess,sys; r=subprocess.run(sys.argv[1:]); print('PEAK_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r.returncode)"
+PEAK = "import resource,subprocess,sys; r=subprocess.run(sys.argv[1:]); u=resource.getrusage(resource.RUSAGE_CHILDREN); print('PEAK_KB', u.ru_maxrss, 'CPU_S', u.ru_utime + u.ru_stime, file=sys.stderr); sys.exit(r.returncode)"
 
 
 def write_dataset(folder: Path, tags: int, steps: int) -> int:
@@ -166,16 +167,23 @@ def _names(tags: int) -> list[str]:
     ]
 
 
-def measure(cmd: list[str], until: str | None = None) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS (KiB) and stderr of a command (or until a line appears)."""
+def measure(
+    cmd: list[str], until: str | None = None, env: dict | None = None, cwd: Path | None = None
+) -> tuple[float, int, str]:
+    """Wall seconds, peak RSS (KiB) and stderr of a command (or until a line appears); its CPU
+    seconds (user + system, of its threads and child processes) go to CPU[cmd[0]]: on a shared
+    machine they move less than wall time."""
     t0 = time.perf_counter()
     if until is None:
-        p = subprocess.run([sys.executable, "-c", PEAK, *cmd], capture_output=True, text=True)
+        p = subprocess.run(
+            [sys.executable, "-c", PEAK, *cmd], capture_output=True, text=True, env=env, cwd=cwd
+        )
         dt = time.perf_counter() - t0
         if p.returncode:
             raise SystemExit(f"{cmd[0]} failed:\n{p.stderr[-2000:]}")
-        peak = int(re.search(r"PEAK_KB (\d+)", p.stderr).group(1))
-        return dt, peak, p.stderr
+        m = re.search(r"PEAK_KB (\d+) CPU_S ([\d.]+)", p.stderr)
+        CPU[cmd[0]] = float(m.group(2))
+        return dt, int(m.group(1)), p.stderr
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     log = []
     for line in p.stderr:
@@ -185,6 +193,8 @@ def measure(cmd: list[str], until: str | None = None) -> tuple[float, int, str]:
     dt = time.perf_counter() - t0
     status = Path(f"/proc/{p.pid}/status").read_text()
     peak = int(re.search(r"VmHWM:\s+(\d+)", status).group(1))
+    ticks = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13]  # utime, stime
+    CPU[cmd[0]] = sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK")
     p.kill()
     p.wait()
     return dt, peak, "".join(log)
@@ -199,17 +209,27 @@ def rustboard() -> str | None:
     return path if path and os.path.exists(path) else None
 
 
+def workbench(folder: Path, checkout: Path | None = None) -> tuple[float, int, float]:
+    """Seconds end to end, peak RSS (KiB) and the ingest's own seconds (its summary line) of
+    `workbench ingest` (of another `checkout` of the workbench)."""
+    store = Path(tempfile.mkdtemp()) / "store"
+    root = checkout or Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONPYCACHEPREFIX": str(OUT.parent / "pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as in any install
+    cmd = [sys.executable, "-m", "workbench", "ingest", str(folder), "--store", str(store)]
+    t, rss, err = measure(cmd, env=env, cwd=root)  # `-m` reads the working folder first
+    shutil.rmtree(store.parent)
+    return t, rss, float(re.search(r"in ([\d.]+)s", err).group(1))
+
+
 def readers(folder: Path, n: int, tbparse: bool = True) -> dict[str, tuple[float, int]]:
     """Seconds and peak RSS (KiB) of each reader on `folder`, and the workbench's own ingest
     seconds (its summary line) under "workbench ingest"."""
     out = {}
-    store = Path(tempfile.mkdtemp()) / "store"
-    t_wb, rss_wb, err = measure(
-        [sys.executable, "-m", "workbench", "ingest", str(folder), "--store", str(store)]
-    )
-    shutil.rmtree(store.parent)
+    t_wb, rss_wb, inner = workbench(folder)
     out["workbench"] = (t_wb, rss_wb)
-    out["workbench ingest"] = (float(re.search(r"in ([\d.]+)s", err).group(1)), rss_wb)
+    out["workbench ingest"] = (inner, rss_wb)
+    out["workbench CPU"] = (CPU[sys.executable], rss_wb)
     if tbparse:
         tbp = "import sys,time; from tbparse import SummaryReader; t=time.perf_counter(); df=SummaryReader(sys.argv[1]).scalars; print('ROWS', len(df), 'T', time.perf_counter()-t, file=sys.stderr)"
         t_tbp, rss_tbp, err = measure([sys.executable, "-c", tbp, str(folder)])
@@ -220,6 +240,7 @@ def readers(folder: Path, n: int, tbparse: bool = True) -> dict[str, tuple[float
         cmd = [rb, "--logdir", str(folder), "--reload", "once", "--samples-per-plugin", "scalars=all"]
         cmd += ["--checksum", "--port", "0", "-v"]
         out["RustBoard"] = measure(cmd, until="Finished load cycle")[:2]
+        out["RustBoard CPU"] = (CPU[rb], out["RustBoard"][1])
     return out
 
 
@@ -244,27 +265,36 @@ def run(name: str, folder: Path, n: int) -> None:
         print(f"ratio workbench / RustBoard = {t_rb / t_wb:.2f}x")
 
 
-def sweep(sizes: list[float], tbparse_max: float) -> None:
+def sweep(sizes: list[float], tbparse_max: float, baseline: Path | None) -> None:
     """One line per size (M scalars, 5 tags): each reader's seconds, and the workbench's speed
-    as a multiple of each peer's (> 1: the workbench is faster), with peak memory."""
+    as a multiple of each peer's (> 1: the workbench is faster), with peak memory; with
+    `baseline`, that checkout's ingest too, run right after RustBoard's."""
     print(f"load: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     print(
-        f"{'scalars':>9} {'wb s':>7} {'ingest s':>8} {'RustBoard s':>11} {'tbparse s':>9}"
+        f"{'scalars':>11} {'wb s':>7} {'ingest s':>8} {'RustBoard s':>11} {'tbparse s':>9}"
         f" {'x RustBoard':>11} {'x tbparse':>9} {'wb MB':>7} {'RB MB':>7}"
+        + f" {'wb CPU s':>8} {'RB CPU s':>8} {'x RB CPU':>8}"
+        + (f" {'baseline s':>10} {'x RustBoard':>11} {'base CPU s':>10} {'x RB CPU':>8}" if baseline else "")
     )
     for size in sizes:
         n = round(size * 1e6)
         folder = OUT / f"sweep_5x{n // 5}"
         n = write_fast(folder, 5, n // 5)
         r = readers(folder, n, tbparse=size <= tbparse_max)
+        cpu_wb, cpu_rb = r["workbench CPU"][0], r.get("RustBoard CPU", (float("nan"),))[0]
         (t_wb, rss_wb), inner = r["workbench"], r["workbench ingest"][0]
         t_rb, rss_rb = r.get("RustBoard", (float("nan"), 0))
         t_tbp = r.get("tbparse", (float("nan"), 0))[0]
-        print(
-            f"{n:>9,} {t_wb:7.2f} {inner:8.2f} {t_rb:11.2f} {t_tbp:9.2f}"
-            f" {t_rb / t_wb:11.2f} {t_tbp / t_wb:9.2f} {rss_wb / 1024:7.0f} {rss_rb / 1024:7.0f}",
-            flush=True,
+        line = (
+            f"{n:>11,} {t_wb:7.2f} {inner:8.2f} {t_rb:11.2f} {t_tbp:9.2f}"
+            f" {t_rb / t_wb:11.2f} {t_tbp / t_wb:9.2f} {rss_wb / 1024:7.0f} {rss_rb / 1024:7.0f}"
+            f" {cpu_wb:8.2f} {cpu_rb:8.2f} {cpu_rb / cpu_wb:8.2f}"
         )
+        if baseline:
+            t_base = workbench(folder, baseline)[0]
+            cpu_base = CPU[sys.executable]
+            line += f" {t_base:10.2f} {t_rb / t_base:11.2f} {cpu_base:10.2f} {cpu_rb / cpu_base:8.2f}"
+        print(line, flush=True)
 
 
 def main() -> None:
@@ -272,9 +302,10 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="shrink the step counts (e.g. 0.1)")
     ap.add_argument("--sizes", type=float, nargs="+", help="sweep these sizes (M scalars, 5 tags) instead")
     ap.add_argument("--tbparse-max", type=float, default=5, help="largest size tbparse reads (M scalars)")
+    ap.add_argument("--baseline", type=Path, help="with --sizes: another checkout's ingest, timed beside")
     args = ap.parse_args()
     if args.sizes:
-        sweep(args.sizes, args.tbparse_max)
+        sweep(args.sizes, args.tbparse_max, args.baseline and args.baseline.resolve())
         return
     s = args.scale
     a = OUT / f"5x{int(1_000_000 * s)}"
