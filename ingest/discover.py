@@ -47,6 +47,8 @@ HEAD_BYTES = 4096
 LFS_SPEC = b"version https://git-lfs.github.com/spec/"  # how a Git LFS pointer file begins
 LFS_POINTER_MAX = 1024  # the spec's bound on a pointer file's size
 
+Known = dict[str, tuple[int, int, str]]  # path -> (size, mtime_ns, format) of a log already read
+
 
 @dataclass
 class Discovery:
@@ -108,14 +110,10 @@ def _lfs_pointer(path: Path, size: int) -> str | None:
     )
 
 
-Known = dict[str, tuple[int, int, str]]  # path -> (size, mtime_ns, format) of logs read before
-
-
 def _look(path: Path, ingestors: list[Ingestor], known: Known | None = None) -> tuple[str | None, str | None]:
     """(format, problem) of one file: only regular files are read (a FIFO or a device would
     block or never end), and a file whose format cannot be told is a problem, not a crash. A
-    log `known` at this size and mtime keeps its format unread (a tree of many small files
-    ingested again is a stat per file)."""
+    file `known` as a log of the size and modification time it has now is not opened."""
     try:
         st = path.stat()  # follows a symlink to what it names
     except OSError as e:
@@ -126,6 +124,8 @@ def _look(path: Path, ingestors: list[Ingestor], known: Known | None = None) -> 
         what = next((w for test, w in _SPECIAL if test(st.st_mode)), "not a regular file")
         via = " (through a symlink)" if path.is_symlink() else ""
         return None, f"{what}{via}, not a regular file: not read"
+    if known and (seen := known.get(str(path))) is not None and seen[:2] == (st.st_size, st.st_mtime_ns):
+        return seen[2], None
     try:
         if why := _lfs_pointer(path, st.st_size):
             return None, why
@@ -199,14 +199,16 @@ def _whole_json(path: Path) -> bool:
 
 def discover(root: Path, ingestors: list[Ingestor], known: Known | None = None) -> Discovery:
     """All files under `root` (or `root` itself when it is a file), each with its run folder,
-    and the checkpoint folders met on the way, each with its run folder. `known`: the logs
-    read before, whose format is not sniffed again while their size and mtime stay.
+    and the checkpoint folders met on the way, each with its run folder. `known`: the format of
+    files already read, by path, with the size and modification time they had (the store's
+    `files`): such a file unchanged since is not opened again (a re-ingest of 10k runs that
+    changed one reads one head, not 10k).
 
     A checkpoint folder whose run holds no log (`checkpoint-N/` copied alone, a Hub repository
     of one checkpoint) is read as a run of its own: its trainer_state.json is all there is."""
     root = root.absolute()
     if not root.is_dir():
-        fmt, problem = _look(root, ingestors)
+        fmt, problem = _look(root, ingestors, known)
         return Discovery([Found(root, root.parent, fmt, None if fmt or problem else NOT_A_LOG, problem)], [])
     unlisted: list[tuple[Path, str]] = []
     files, checkpoint_dirs = _walk(root, ingestors, unlisted, known)
@@ -214,7 +216,7 @@ def discover(root: Path, ingestors: list[Ingestor], known: Known | None = None) 
     with_logs = {owner(d) for d in files if owner.formats.get(d)}
     alone = [c for c in checkpoint_dirs if c.name not in CONTAINERS and owner(c.parent) not in with_logs]
     for c in alone:
-        more, _ = _walk(c, ingestors, unlisted)
+        more, _ = _walk(c, ingestors, unlisted, known)
         logs = {d: items for d, items in more.items() if any(fmt for _, fmt, _ in items)}
         if logs:
             files.update(logs)

@@ -106,13 +106,9 @@ def ingest(
         w.set_sources(precedence(ingestors))
         w.clear_problems([str(p.absolute()) for p in paths], NOT_READ)  # found again below if they still are
         roots = w.table("roots")["root"].to_list()
+        known = _known_logs(w)
         work = []
         labelled: list[tuple[Path, list[dict]]] = []
-        stored = w.table("files").filter(pl.col("format").is_not_null())
-        known = {
-            p: (size, mtime, fmt)
-            for p, size, mtime, fmt in stored.select("path", "size", "mtime_ns", "format").iter_rows()
-        }
         for root in paths:
             if root in unreachable:
                 set_problem(w, report, root.absolute(), None, "not_read", unreachable[root])
@@ -163,15 +159,31 @@ def ingest(
     return report
 
 
+def _known_logs(w: StoreWriter) -> dict[str, tuple[int, int, str]]:
+    """Each log file the store has read: its size and mtime then, and its format (discovery
+    opens none of them again while they stay so)."""
+    f = w.table("files")
+    return {
+        p: (size, mtime, fmt)
+        for p, size, mtime, fmt in zip(f["path"], f["size"], f["mtime_ns"], f["format"], strict=True)
+        if fmt is not None and size is not None and mtime is not None
+    }
+
+
 def _learn_batch_sizes(store: Store, w: StoreWriter) -> bool:
     """DeepSpeed monitor series still on a samples axis (no batch size anywhere in their run)
     whose values agree with another source's once the axis is divided by a whole ratio: take
     that ratio as the run's train_batch_size. Whether any run learned one."""
-    scaled = store.query(
+    query = (
         "SELECT run_id, abs(step_scale) AS k, source_a, source_b, step_scale FROM agreement "
         "WHERE verdict = 'scaled' AND ((step_scale < 0 AND starts_with(tag_a, 'Train/Samples/')) "
         "OR (step_scale > 0 AND starts_with(tag_b, 'Train/Samples/')))"
-    ).rows()
+    )
+    con = store.connect(query)  # only the views it reads: binding all of them costs a second
+    try:
+        scaled = con.sql(query).fetchall()
+    finally:
+        con.close()
     learned = False
     for run_id, k, a, b, scale in scaled:
         config = w.run_config(run_id)

@@ -153,13 +153,16 @@ def test_every_format_module_declares_the_contract():
 
 
 def test_importing_workbench_loads_nothing_heavy():
-    """The CLI imports the package first: its names (wb.Store, wb.ingest, ...) load on use."""
+    """The CLI imports the package first: its names (wb.Store, wb.ingest, ...) load on use, and
+    the store's reader loads DuckDB alone (its writer brings polars)."""
     code = (
         "import sys, workbench; heavy = ('polars', 'pyarrow', 'numba', 'duckdb', 'workbench.store');"
-        "print(sorted(m for m in heavy if m in sys.modules)); workbench.Store; print('polars' in sys.modules)"
+        "print(sorted(m for m in heavy if m in sys.modules)); workbench.Store;"
+        "print(sorted(m for m in heavy if m in sys.modules)); workbench.store.StoreWriter;"
+        "print('polars' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert out.stdout.split() == ["[]", "True"]
+    assert out.stdout.splitlines() == ["[]", "['duckdb', 'workbench.store']", "True"]
 
 
 def _private_views() -> set[str]:
@@ -200,3 +203,14 @@ def test_only_the_store_names_its_private_views():
     outside = [p for m, p in MODULES.items() if not m.startswith("workbench.store")]
     outside += sorted((ROOT / "benchmarks").glob("*.py")) + sorted(SAMPLE_RUNS.values())
     assert [hit for p in outside for hit in _private_names_in_strings(p)] == []
+
+
+def test_view_names_list_every_view_the_store_creates(tmp_path):
+    """`workbench sql` opens no table for a query that names no view (`SELECT 1`): that holds
+    only while VIEW_NAMES lists every view."""
+    from workbench.store import views
+
+    made = set(re.findall(r"VIEW (\w+) AS", "\n".join(views.view_statements(tmp_path, tmp_path))))
+    assert made == views.VIEW_NAMES
+    assert views.reads_no_view("SELECT 1") and views.reads_no_view("select * from read_csv('x.csv')")
+    assert not views.reads_no_view("SELECT count(*) FROM Scalars")

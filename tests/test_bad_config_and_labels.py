@@ -39,7 +39,13 @@ def ingested(tmp_path_factory):
     ],
 )
 @pytest.mark.parametrize(
-    "command", [("runs",), ("sql", "SELECT 1"), ("tags", "a"), ("label", "a", "--outcome", "healthy")]
+    "command",
+    [
+        ("runs",),
+        ("sql", "SELECT count(*) FROM scalars"),
+        ("tags", "a"),
+        ("label", "a", "--outcome", "healthy"),
+    ],
 )
 def test_a_bad_workbench_toml_is_a_message_naming_file_and_line(
     ingested, tmp_path, text, line, said, command

@@ -157,6 +157,26 @@ def test_runs_and_tags_commands(tbx_store):
     assert missing.returncode == 2 and "workbench runs" in missing.stderr
 
 
+@pytest.mark.parametrize(
+    "args",
+    [("sql", "select 1"), ("runs",), ("tags", "run_a"), ("sql", "select count(*) from scalars"), ("--help",)],
+)
+def test_read_commands_load_no_polars_pyarrow_or_numba(tbx_store, args):
+    """A read answers from DuckDB alone: a user runs `workbench runs` dozens of times a day."""
+    code = (
+        "import atexit, runpy, sys;"
+        "atexit.register(lambda: print('LOADED', sorted(m for m in ('polars', 'pyarrow', 'numba', 'numpy')"
+        " if m in sys.modules), file=sys.stderr));"
+        f"sys.argv = ['workbench', *{list(args)!r}];"
+        "runpy.run_module('workbench', run_name='__main__')"
+    )
+    env = {**os.environ, "WORKBENCH_STORE": str(tbx_store)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip()
+    assert "LOADED []" in p.stderr
+
+
 def test_exit_codes(tmp_path):
     store = tmp_path / "s"
     bad = tmp_path / "bad"

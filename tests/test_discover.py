@@ -170,3 +170,25 @@ def test_a_git_lfs_pointer_is_named_as_such_and_read_once_pulled(tmp_path_factor
     assert store.query("SELECT count(*) n FROM problems")["n"][0] == 0
     tb = expected("defects/d01_checkpoints_output_dir/checkpoints/runs")
     assert_matches(store, "hf", tb, {k: k.split("/", 1)[1] for k in tb if not k.startswith("_")})
+
+
+def test_a_log_known_unchanged_is_not_opened_again_and_a_changed_one_is(tmp_path):
+    """Discovery takes a file's format from what the store knows while its size and mtime are
+    those it was read at (a re-ingest of 10k runs opens no head), and looks again once either
+    moved."""
+    import os
+
+    from ingest.discover import discover
+    from ingest.registry import make_ingestors
+
+    log = tmp_path / "run/metrics.jsonl"
+    log.parent.mkdir()
+    log.write_text('{"step": 1, "loss": 0.5}\n')
+    ingestors = make_ingestors()
+    st = log.stat()
+    assert [f.format for f in discover(tmp_path / "run", ingestors).files] == ["jsonl"]
+    # a format only the record can give: proof that the file was not sniffed
+    known = {str(log): (st.st_size, st.st_mtime_ns, "keras_csv")}
+    assert [f.format for f in discover(tmp_path / "run", ingestors, known).files] == ["keras_csv"]
+    os.utime(log, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert [f.format for f in discover(tmp_path / "run", ingestors, known).files] == ["jsonl"]

@@ -213,3 +213,37 @@ def test_checkpoint_copies_are_checked_on_first_sight_and_reported_once(tmp_path
         again = ingest_paths(store, root, hash_checkpoints=True)
         assert again.problems == []
         assert store.query("SELECT kind FROM problems").rows() == [("checkpoint_mismatch",)]
+
+
+def test_derived_tables_in_order_a_failed_hook_keeps_the_last_table(tmp_path):
+    """The commit's hooks run in order on one set of views: the agreement hook reads the lineage
+    written just before it, and a hook that fails keeps the last table and says why."""
+    import polars as pl
+
+    from workbench.store import schema
+
+    tbx_scalars(tmp_path / "runs/a", {"loss": [(0, 1.0), (1, 0.5)]})
+    store = Store(tmp_path / "s")
+    ingest_paths(store, tmp_path / "runs")
+    edge = {"child_run": "a", "child_segment": 1, "parent_run": "a", "parent_step": 1}
+    edge |= {"parent_checkpoint": None, "kind": "resume", "evidence": "test", "changes": None}
+    seen = []
+
+    def one_edge(con, before, changed):
+        return pl.DataFrame([edge], schema=schema.LINEAGE)
+
+    def probe(con, before, changed):
+        seen.append(con.sql("SELECT child_run, kind FROM lineage").fetchall())
+        return before
+
+    def boom(con, before, changed):
+        raise RuntimeError("boom")
+
+    with store.writer() as w:
+        w.commit(derive={"lineage": one_edge, "agreement": probe})
+    assert seen == [[("a", "resume")]]
+    with store.writer() as w:
+        w.commit(derive={"lineage": boom, "agreement": probe})
+        assert w.derive_errors == {"lineage": "RuntimeError: boom"}
+    assert seen[-1] == [("a", "resume")]  # the last lineage, carried over
+    assert store.lineage()["kind"].to_list() == ["resume"]

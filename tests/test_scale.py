@@ -233,6 +233,22 @@ def test_many_small_runs_share_files_and_read_as_with_a_file_each(tmp_path, monk
     assert _run_facts(shared, "r05") == ("unknown", [], 0, 2)
     assert shared.compact() == 2 and _run_facts(shared, "r05") == ("unknown", [], 0, 2)
     assert shared.check().ok
+    _readers_list_the_parts_writers_do(shared)
+    _readers_list_the_parts_writers_do(own)
+
+
+def _readers_list_the_parts_writers_do(store: Store) -> None:
+    """A reader lists a generation's parts with DuckDB (no polars), a writer with polars: the
+    same rows, compacted files and parts of their own alike."""
+    import duckdb
+
+    from workbench.store import integrity, views
+
+    gen = store.live_generation()
+    want = integrity.expected_parts(store.root, integrity.read_tables(gen)).to_dicts()
+    with duckdb.connect() as con:
+        got = views.listed_parts(con, store.root, gen, views.table_columns(con, gen))
+    assert want and got == want
 
 
 REPO = Path(__file__).resolve().parents[1]

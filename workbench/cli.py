@@ -7,19 +7,40 @@ commands, so `--help` and small commands start quickly.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.markup import escape
 
 from workbench.errors import NotFoundError, WorkbenchError
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 STORE_HELP = "Store folder (default: $WORKBENCH_STORE or .workbench/)."
 FORMATS = click.Choice(["table", "csv", "json"])
-err = Console(stderr=True)
-err.soft_wrap = not err.is_terminal  # a message piped to a log or a test is one line, never cut at 80 columns
+
+
+@functools.cache
+def err() -> Console:
+    """stderr for people, made on first use (`--format csv` and `json` load no rich)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    console.soft_wrap = (
+        not console.is_terminal
+    )  # a message piped to a log is one line, never cut at 80 columns
+    return console
+
+
+def escape(text: str) -> str:
+    """`text` as Rich shows it literally (a `[` in a run id is no markup)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 class WorkbenchGroup(click.Group):
@@ -27,7 +48,7 @@ class WorkbenchGroup(click.Group):
         try:
             return super().invoke(ctx)
         except WorkbenchError as e:
-            err.print(f"[red]error:[/] {escape(str(e))}", highlight=False)
+            err().print(f"[red]error:[/] {escape(str(e))}", highlight=False)
             sys.exit(e.exit_code)
 
 
@@ -65,6 +86,39 @@ def _load_rules(rules_file):
 def _answer(fmt: str) -> str:
     """What DuckDB renders for an output format (a table is drawn from its CSV)."""
     return "json" if fmt == "json" else "csv"
+
+
+def _pyarrow_without_pandas() -> None:
+    """pyarrow imports pandas (0.4 s of CPU, a fifth of a small ingest) on its first array,
+    only to know pandas objects and pandas.NA when it meets them; a command that hands it none
+    lets it find no pandas on that first look (`to_pandas` still imports it when called)."""
+    if "pandas" in sys.modules:
+        return
+    import types
+
+    import pyarrow.lib
+
+    class NoPandas(types.ModuleType):
+        def __getattr__(self, name):
+            raise ImportError("pandas is not loaded by this command")
+
+    sys.modules["pandas"] = NoPandas("pandas")
+    try:
+        with contextlib.suppress(ImportError):
+            pyarrow.lib._pandas_api.have_pandas  # noqa: B018 - pyarrow looks once, here
+        pyarrow.array(["x"])  # and once for converting Python values
+    finally:
+        del sys.modules["pandas"]
+
+
+def _show_answer(text: str, fmt: str) -> None:
+    """DuckDB's CSV or JSON as it came; a table through Rich (loaded only for a table)."""
+    if fmt != "table":
+        sys.stdout.write(text)
+        return
+    from workbench import render
+
+    render.query_text(text, fmt)
 
 
 def _store(store):
@@ -162,21 +216,22 @@ def ingest(paths, store, strict, no_crc, hash_checkpoints, wait_s, verbose, exec
     from ingest.source import as_urls, resolve
     from workbench import render
 
+    _pyarrow_without_pandas()
     st = _store(store)
     paths, synced = resolve(list(paths), st.root)
     for s in synced:
-        err.print(escape(s.line()), highlight=False)
+        err().print(escape(s.line()), highlight=False)
     report = run_ingest(
         paths,
         st,
         check_crc=not no_crc,
         hash_checkpoints=hash_checkpoints,
         wait_s=wait_s,
-        console=err,
+        console=err(),
         executor=_executor(executor_name, address),
     )
     as_urls(report, synced)
-    render.ingest_report(report, err, verbose=verbose)
+    render.ingest_report(report, err(), verbose=verbose)
     if report.log_files == 0:
         raise NotFoundError(
             f"no log files found under {', '.join(map(str, paths))}; check the path "
@@ -251,7 +306,7 @@ def compact(store, wait_s):
     """
     s = _store(store)
     merged = s.compact(wait_s=wait_s)
-    err.print(f"compacted {merged} Parquet files into one", highlight=False)
+    err().print(f"compacted {merged} Parquet files into one", highlight=False)
 
 
 @main.command()
@@ -272,10 +327,9 @@ def sql(query, store, fmt):
       workbench sql "SELECT tag, count(*) FROM scalars WHERE run_id = 'run_a' GROUP BY tag"
       workbench sql "SELECT * FROM scalars_all WHERE superseded" --format csv
     """
-    from workbench import render
     from workbench.store.query import run_query
 
-    render.query_text(run_query(_store(store), query, _answer(fmt)), fmt)
+    _show_answer(run_query(_store(store), query, _answer(fmt)), fmt)
 
 
 @main.command()
@@ -288,11 +342,10 @@ def runs(store, fmt):
     Example:
       workbench runs --format csv
     """
-    from workbench import render
     from workbench.store import reads
     from workbench.store.query import run_query
 
-    render.query_text(run_query(_store(store), reads.runs(reads.RUN_SUMMARY), _answer(fmt)), fmt)
+    _show_answer(run_query(_store(store), reads.runs(reads.RUN_SUMMARY), _answer(fmt)), fmt)
 
 
 @main.command()
@@ -306,13 +359,12 @@ def tags(run, store, fmt):
     Example:
       workbench tags run_a
     """
-    from workbench import render
     from workbench.store import reads
     from workbench.store.query import require_run, run_query
 
     s = _store(store)
     require_run(s, run)
-    render.query_text(run_query(s, reads.tags(run), _answer(fmt)), fmt)
+    _show_answer(run_query(s, reads.tags(run), _answer(fmt)), fmt)
 
 
 @main.command()
@@ -340,11 +392,11 @@ def label(run, outcome, onset, kind, note, store):
     s = _store(store)
     require_run(s, run)
     if outcome == "failed" and onset is None:
-        err.print("note: a failed run without --onset is counted, but gives no lead time", highlight=False)
+        err().print("note: a failed run without --onset is counted, but gives no lead time", highlight=False)
     if onset is not None and (outside := onset_outside(s, run, onset)):
-        err.print(f"[yellow]warning:[/] {escape(outside)}", highlight=False)
+        err().print(f"[yellow]warning:[/] {escape(outside)}", highlight=False)
     s.label(run, outcome, onset, kind, note)
-    err.print(
+    err().print(
         f"labelled {escape(run)}: {outcome}" + (f" at step {onset}" if onset is not None else ""),
         highlight=False,
     )
@@ -393,7 +445,7 @@ def replay(rules_file, runs_glob, store, executor_name, address):
     from workbench import render
 
     result = run_replay(_store(store), _load_rules(rules_file), runs_glob, _executor(executor_name, address))
-    render.replay_summary(result.summary(), result, err)
+    render.replay_summary(result.summary(), result, err())
 
 
 @main.command()
@@ -685,14 +737,14 @@ def watch(paths, rules_file, store, interval, notify_cmd, notify_url, until_fini
     from workbench.watch import Watch
 
     rules = _load_rules(rules_file) or default_rules()
-    sinks = notifiers(notify_cmd, notify_url, lambda msg: err.print(f"[yellow]notify:[/] {escape(msg)}"))
+    sinks = notifiers(notify_cmd, notify_url, lambda msg: err().print(f"[yellow]notify:[/] {escape(msg)}"))
     w = Watch(
         list(paths),
         _store(store),
         rules,
         sinks,
         stale_after=stale_after,
-        console=err,
+        console=err(),
         note_unevaluable=rules_file is not None,
     )
     w.run(interval=interval, until_finished=until_finished, wait_s=wait_s)

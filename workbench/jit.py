@@ -14,11 +14,29 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from functools import cache
 from pathlib import Path
 
 from numba import njit
 from numba.core.caching import CacheImpl, _CacheLocator
+
+
+def _load_numpy_support_without_blas() -> None:
+    """numba probes for BLAS (importing scipy.linalg, half a second) when it first loads a
+    kernel, and uses it only for np.dot, np.cov and the like, which no kernel here calls: load
+    its numpy support with the probe answered "no BLAS" (scipy itself stays importable)."""
+    probe = "scipy.linalg"
+    if "numba.np.arraymath" in sys.modules or probe in sys.modules:
+        return
+    sys.modules[probe] = None  # type: ignore[assignment]  # None there makes an import of it raise ImportError
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        del sys.modules[probe]
+
+
+_load_numpy_support_without_blas()
 
 PACKAGES = tuple(Path(__file__).resolve().parents[1] / p for p in ("workbench", "ingest", "detectors"))
 

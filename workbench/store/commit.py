@@ -22,7 +22,7 @@ import workbench.store.layout as layout
 import workbench.store.schema as schema
 from workbench.errors import StoreError
 from workbench.store.sql import duckdb_config
-from workbench.store.views import view_statements
+from workbench.store.views import table_view, view_statements
 
 # a table computed from a generation before it is published (lineage, source agreement), given
 # the views of the new generation, the table's rows in the previous one and the runs whose
@@ -90,19 +90,28 @@ def _derive(
     changed: set[str],
     errors: dict[str, str],
 ) -> None:
+    """The derived tables, in order, each hook on one connection with the new generation's
+    views (made once: binding them is most of a small ingest's commit), the view of each table
+    made again once it is written, so that a later hook reads it."""
     if previous is not None and _same_tables(gen, previous):
         derive = {}  # nothing they are derived from changed (an unchanged tree ingested again)
-    # one connection for every hook: a hook reads the meta tables and parts, never another
-    # hook's table, and binding the views costs more than most hooks
     con = duckdb.connect(":memory:", config=duckdb_config())
-    pending = view_statements(root, gen) if derive else []  # the views `con` is still without
+    made = False  # the views exist on `con`
     try:
         for table in schema.DERIVED_TABLES:
             out = gen / f"{table}.parquet"
             frame = None
             if table in derive:
-                frame = _derived(con, pending, table, derive[table], previous, changed, errors)
-                pending = [] if frame is not None else pending
+                try:
+                    if not made:
+                        for stmt in view_statements(root, gen, con):
+                            con.execute(stmt)
+                        made = True
+                    frame = _derived(con, table, derive[table], previous, changed)
+                except Exception as e:  # noqa: BLE001 - a derived table never costs the ingested data
+                    if is_disk_full(e):
+                        raise
+                    errors[table] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             if frame is not None:
                 frame.write_parquet(out, compression="zstd")
             elif previous is not None and (previous / f"{table}.parquet").exists():
@@ -110,6 +119,8 @@ def _derive(
             else:
                 continue
             layout.fsync_file(out)
+            if made:
+                con.execute(table_view(con, gen, table))
     finally:
         con.close()
 
@@ -127,26 +138,11 @@ def _same_tables(gen: Path, previous: Path) -> bool:
 
 
 def _derived(
-    con: duckdb.DuckDBPyConnection,
-    views: list[str],
-    table: str,
-    hook: Derive,
-    previous: Path | None,
-    changed: set[str],
-    errors: dict[str, str],
-) -> pl.DataFrame | None:
-    """The hook's table, or None (the last one is kept) when it fails, with the reason.
-    `views`: the statements that make the views `con` is still without."""
-    try:
-        for stmt in views:
-            con.execute(stmt)
-        before = layout.read_derived(table, previous)
-        return schema.conform(hook(con, before, changed), schema.DERIVED_TABLES[table], table)
-    except Exception as e:  # noqa: BLE001 - a derived table never costs the ingested data
-        if is_disk_full(e):
-            raise
-        errors[table] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        return None
+    con: duckdb.DuckDBPyConnection, table: str, hook: Derive, previous: Path | None, changed: set[str]
+) -> pl.DataFrame:
+    """The hook's table, from the views on `con`."""
+    before = layout.read_derived(table, previous)
+    return schema.conform(hook(con, before, changed), schema.DERIVED_TABLES[table], table)
 
 
 def write_catalog(root: Path, gen: Path) -> None:

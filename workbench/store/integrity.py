@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-import polars as pl
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING
 
 import workbench.store.layout as layout
+
+if TYPE_CHECKING:
+    import polars as pl
 
 SHOWN = 5  # damaged files named in a message; the rest are counted
 
@@ -34,7 +35,10 @@ class Damage:
 
 def expected_parts(root: Path, tables: dict[str, pl.DataFrame]) -> pl.DataFrame:
     """One row per part the generation refers to: chunk_id, kind, run_id, source (log file),
-    rows, size and sha256 (null when written before they were recorded), file (absolute path)."""
+    rows, size and sha256 (null when written before they were recorded), file (absolute path).
+    Readers list the same rows with DuckDB (`workbench.store.views.listed_parts`)."""
+    import polars as pl
+
     chunks = tables["chunks"].select("chunk_id", "run_id", pl.col("path").alias("source"), "rows")
     recorded = tables["parts"].join(chunks.drop("rows"), on="chunk_id", how="inner")
     legacy = (
@@ -53,19 +57,25 @@ def expected_parts(root: Path, tables: dict[str, pl.DataFrame]) -> pl.DataFrame:
     return parts.with_columns(file=pl.Series(files, dtype=pl.String))
 
 
-def quick_check(root: Path, gen: Path, tables: dict[str, pl.DataFrame] | None = None) -> list[Damage]:
+def quick_check(
+    root: Path,
+    gen: Path,
+    tables: dict[str, pl.DataFrame] | None = None,
+    parts: list[dict] | None = None,
+) -> list[Damage]:
     """What a stat can tell: the generation's tables and every part present, of the size
     recorded when it was written; a part whose modification time moved since is hashed against
     its recorded sha256 (its bytes may have changed). Cheap enough for every connection and
-    every writer (`tables`: the generation's, when already read)."""
+    every writer (`tables`: the generation's, when already read; `parts`: the rows of
+    `expected_parts`, when already listed)."""
     out = verify_generation(root, gen, sizes_only=True)
     if out:
         return out
-    parts = expected_parts(root, tables or read_tables(gen))
+    rows = parts if parts is not None else expected_parts(root, tables or read_tables(gen)).to_dicts()
     stats: dict[str, os.stat_result | None] = {}  # a compacted file holds many chunks: one stat
     hashed: dict[str, bool] = {}  # file -> its bytes are as written
-    cols = zip(parts["file"], parts["size"], parts["mtime_ns"], parts["sha256"], strict=True)
-    for i, (file, want, mtime, sha) in enumerate(cols):
+    for row in rows:
+        file, want, mtime, sha = row["file"], row["size"], row["mtime_ns"], row["sha256"]
         if file not in stats:
             try:
                 stats[file] = os.stat(file)
@@ -73,26 +83,24 @@ def quick_check(root: Path, gen: Path, tables: dict[str, pl.DataFrame] | None = 
                 stats[file] = None
         st = stats[file]
         if st is None:
-            out.append(_damage(root, parts.row(i, named=True), "missing", "is missing"))
+            out.append(_damage(root, row, "missing", "is missing"))
             continue
         if want is not None and st.st_size != want:
-            out.append(
-                _damage(
-                    root, parts.row(i, named=True), "size", f"has {st.st_size:,} bytes, {want:,} were written"
-                )
-            )
+            out.append(_damage(root, row, "size", f"has {st.st_size:,} bytes, {want:,} were written"))
         elif mtime is not None and st.st_mtime_ns != mtime and sha is not None:
             if file not in hashed:
                 hashed[file] = layout.sha256_file(Path(file)) == sha
             if not hashed[file]:
                 what = "was changed since it was written (its sha256 differs)"
-                out.append(_damage(root, parts.row(i, named=True), "checksum", what))
+                out.append(_damage(root, row, "checksum", what))
     return out
 
 
 def verify_parts(root: Path, parts: pl.DataFrame) -> list[Damage]:
     """Every part present, of its recorded size and sha256 (or, for parts written before those
     were recorded, a readable Parquet file with as many rows as its chunk)."""
+    import pyarrow.parquet as pq
+
     out = []
     sums: dict[Path, str] = {}  # a compacted file holds many chunks: hashed once
     for row in parts.iter_rows(named=True):
@@ -128,6 +136,8 @@ def verify_generation(root: Path, gen: Path, sizes_only: bool = False) -> list[D
     if manifest is None:
         if sizes_only:
             return []
+        import pyarrow.parquet as pq
+
         out = []
         for path in sorted(gen.glob("*.parquet")):
             try:

@@ -33,11 +33,13 @@ import os
 import re
 import urllib.parse
 from pathlib import Path
-
-import polars as pl
+from typing import TYPE_CHECKING
 
 import workbench.store.schema as schema
 from workbench.errors import StoreError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 DEFAULT_STORE = ".workbench"
 CATALOG_GENERATION = "CATALOG"
@@ -230,6 +232,8 @@ def read_meta(table: str, generation: Path | None) -> pl.DataFrame:
     """One metadata table of a generation, in today's columns: tables or columns newer than the
     store read as empty/null, columns no longer kept are left out. A table that cannot be read is
     damage: StoreError."""
+    import polars as pl  # here: a reader of the store (`workbench sql`) loads no polars
+
     path = generation / f"{table}.parquet" if generation is not None else None
     if path is None or not path.exists():
         return schema.empty(schema.META_TABLES[table])
@@ -278,6 +282,8 @@ def read_manifest(gen: Path) -> dict | None:
 
 def read_derived(table: str, generation: Path | None) -> pl.DataFrame:
     """A derived table of a generation (empty when it has none yet), in today's columns."""
+    import polars as pl
+
     path = generation / f"{table}.parquet" if generation is not None else None
     sch = schema.DERIVED_TABLES[table]
     if path is None or not path.exists():

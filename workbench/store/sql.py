@@ -4,9 +4,9 @@ connection uses. Everything else binds parameters (`?`)."""
 
 from __future__ import annotations
 
-import polars as pl
-
-_DUCK_TYPES = {pl.String: "VARCHAR", pl.Int64: "BIGINT", pl.Float64: "DOUBLE", pl.Boolean: "BOOLEAN"}
+# by the schema's Python types (`workbench.store.schema`) and by polars dtypes' names
+_DUCK_TYPES = {str: "VARCHAR", int: "BIGINT", float: "DOUBLE", bool: "BOOLEAN"}
+_DUCK_TYPES_BY_NAME = {"String": "VARCHAR", "Int64": "BIGINT", "Float64": "DOUBLE", "Boolean": "BOOLEAN"}
 
 
 def duckdb_config() -> dict:
@@ -31,7 +31,7 @@ def glob_literal(path: str, pattern: str = "") -> str:
 
 
 def duck_type(t) -> str:
-    return _DUCK_TYPES[t]
+    return _DUCK_TYPES.get(t) or _DUCK_TYPES_BY_NAME[str(t)]
 
 
 def empty_select(schema: dict) -> str:

@@ -17,9 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
-import pyarrow as pa
 
-import workbench.store.check as check_mod
 import workbench.store.integrity as integrity
 import workbench.store.layout as layout
 import workbench.store.leases as leases
@@ -29,10 +27,14 @@ import workbench.store.views as views
 from workbench.errors import StoreError, WorkbenchError
 from workbench.store.layout import store_path
 from workbench.store.sql import duckdb_config
-from workbench.store.writer import CLI_LABEL_ORIGIN, StoreWriter
 
+# the writer, check and polars load when first used: a read (`workbench sql`, `workbench runs`)
+# needs DuckDB alone
 if TYPE_CHECKING:
     import polars as pl
+
+    import workbench.store.check as check_mod
+    from workbench.store.writer import StoreWriter
 
 T = TypeVar("T")
 
@@ -103,14 +105,20 @@ class Store:
         return gen
 
     def _open(self, gen: Path, query: str | None) -> duckdb.DuckDBPyConnection:
-        if damage := integrity.quick_check(self.root, gen):
-            raise StoreError(integrity.damage_message(self.root, damage))
         con = duckdb.connect(":memory:", config=duckdb_config())
+        if query is not None and views.reads_no_view(query):
+            con.execute("SET lock_configuration = true")
+            return con
         try:
-            stmts = views.view_statements(self.root, gen)
+            cols = views.table_columns(con, gen)
+            parts = views.listed_parts(con, self.root, gen, cols)  # a damaged table: DuckDB's error
+            if damage := integrity.quick_check(self.root, gen, parts=parts):
+                con.close()
+                raise StoreError(integrity.damage_message(self.root, damage))
+            stmts = views.view_statements(self.root, gen, con, parts)
             for stmt in stmts if query is None else views.needed(stmts, query):
                 con.execute(stmt)
-        except (duckdb.Error, OSError, pa.ArrowException) as e:
+        except (duckdb.Error, OSError) as e:
             con.close()
             damage = integrity.verify_generation(self.root, gen)
             if damage:
@@ -185,6 +193,8 @@ class Store:
 
     def check(self) -> check_mod.CheckReport:
         """Verify the store against its metadata (read-only); see `workbench.store.check`."""
+        import workbench.store.check as check_mod
+
         return check_mod.check(self.root)
 
     # ---- writing -------------------------------------------------------------------------
@@ -192,6 +202,8 @@ class Store:
         """Label one run by hand; it overrides labels.toml and automatic labels."""
         if onset is not None and not 0 <= onset < 2**63:
             raise WorkbenchError(f"onset {onset} is not a step (a whole number from 0 to {2**63 - 1})")
+        from workbench.store.writer import CLI_LABEL_ORIGIN
+
         with self.writer() as w:
             w.set_labels(
                 CLI_LABEL_ORIGIN,
@@ -210,6 +222,8 @@ class Store:
     @contextlib.contextmanager
     def writer(self, wait_s: float = 60.0) -> Iterator[StoreWriter]:
         """The one writer of this store (other processes wait up to `wait_s`, then fail)."""
+        from workbench.store.writer import StoreWriter
+
         with self._locked(wait_s):
             w = StoreWriter(self.root)
             try:
@@ -219,6 +233,8 @@ class Store:
 
     def repair(self, reread: check_mod.Reread, wait_s: float = 60.0) -> check_mod.CheckReport:
         """Repair what `check` finds, under the writer lock; see `workbench.store.check.repair`."""
+        import workbench.store.check as check_mod
+
         with self._locked(wait_s, repairing=True):
             return check_mod.repair(self.root, reread)
 

@@ -20,25 +20,75 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import polars as pl
-import pyarrow.parquet as pq
+import duckdb
 
 import workbench.store.aliases as aliases
-import workbench.store.integrity as integrity
+import workbench.store.layout as layout
 import workbench.store.schema as schema
-from workbench.store.sql import duck_type, empty_select, glob_literal
+from workbench.store.sql import duck_type, duckdb_config, empty_select, glob_literal
 
 
-def _meta_sql(gen: Path, table: str, sch: dict) -> str:
-    """A generation's table; tables or columns newer than the store read as empty/null."""
-    path = gen / f"{table}.parquet"
-    if not path.exists():
+def _meta_sql(gen: Path, table: str, sch: dict, have: set[str] | None) -> str:
+    """A generation's table (`have`: its file's columns, None: no file); tables or columns newer
+    than the store read as empty/null."""
+    if have is None:
         return empty_select(sch)
-    have = set(pq.read_schema(path).names)
     cols = ", ".join(
         f'"{c}"' if c in have else f'CAST(NULL AS {duck_type(t)}) AS "{c}"' for c, t in sch.items()
     )
-    return f"SELECT {cols} FROM read_parquet({glob_literal(str(path))})"
+    return f"SELECT {cols} FROM read_parquet({glob_literal(str(gen / f'{table}.parquet'))})"
+
+
+def table_columns(con: duckdb.DuckDBPyConnection, gen: Path) -> dict[str, set[str]]:
+    """The column names of each table file of a generation, from their Parquet footers in one
+    query (DuckDB reads them: a reader of the store loads neither pyarrow nor polars)."""
+    files = [str(p) for p in gen.glob("*.parquet")]
+    out: dict[str, set[str]] = {}
+    if files:
+        for file, name in con.execute("SELECT file_name, name FROM parquet_schema(?)", [files]).fetchall():
+            out.setdefault(Path(file).stem, set()).add(name)
+    return out
+
+
+def table_view(con: duckdb.DuckDBPyConnection, gen: Path, table: str) -> str:
+    """The CREATE VIEW statement of one table of a generation (a derived table just written)."""
+    sch = {**schema.META_TABLES, **schema.DERIVED_TABLES}[table]
+    path = gen / f"{table}.parquet"
+    have = None
+    if path.exists():
+        have = {r[0] for r in con.execute("SELECT name FROM parquet_schema(?)", [str(path)]).fetchall()}
+    return f"CREATE OR REPLACE VIEW _{table} AS {_meta_sql(gen, table, sch, have)}"
+
+
+def listed_parts(
+    con: duckdb.DuckDBPyConnection, root: Path, gen: Path, cols: dict[str, set[str]]
+) -> list[dict]:
+    """The rows of `integrity.expected_parts` (one per part the generation refers to), read
+    with DuckDB."""
+    chunks = _meta_sql(gen, "chunks", schema.CHUNKS, cols.get("chunks"))
+    parts = _meta_sql(gen, "parts", schema.PARTS, cols.get("parts"))
+    rel = con.execute(
+        f"""WITH c AS (SELECT chunk_id, run_id, path AS source, rows FROM ({chunks})),
+                 p AS ({parts})
+            SELECT p.chunk_id, p.kind, p.rows, p.size, p.sha256, p.file, p.mtime_ns, c.run_id, c.source
+            FROM p JOIN c USING (chunk_id)
+            UNION ALL
+            SELECT chunk_id, 'scalars', rows, NULL, NULL, NULL, NULL, run_id, source
+            FROM c WHERE rows > 0 AND chunk_id NOT IN (SELECT chunk_id FROM p)
+            ORDER BY 1, 2"""
+    )
+    names = [d[0] for d in rel.description]
+    rows = [dict(zip(names, r, strict=True)) for r in rel.fetchall()]
+    files = layout.part_files(
+        root,
+        [r["kind"] for r in rows],
+        [r["run_id"] for r in rows],
+        [r["chunk_id"] for r in rows],
+        [r["file"] for r in rows],
+    )
+    for r, f in zip(rows, files, strict=True):
+        r["file"] = f
+    return rows
 
 
 def _parts_sql(folder: Path, pattern: str, sch: dict, select: str) -> str:
@@ -48,11 +98,10 @@ def _parts_sql(folder: Path, pattern: str, sch: dict, select: str) -> str:
     return empty_select(sch)
 
 
-def _scalar_parts_sql(root: Path, gen: Path) -> str:
+def _scalar_parts_sql(parts: list[dict]) -> str:
     """The scalar parts this generation lists, by name (no folder listing; a compacted file once),
     less the rows of chunks dropped since they were compacted."""
-    parts = integrity.expected_parts(root, integrity.read_tables(gen))
-    files = parts.filter(pl.col("kind") == "scalars")["file"].unique(maintain_order=True).to_list()
+    files = list(dict.fromkeys(r["file"] for r in parts if r["kind"] == "scalars"))
     if not files:
         return empty_select(schema.SCALAR_PART)
     listed = ", ".join(glob_literal(f) for f in files)
@@ -62,21 +111,20 @@ def _scalar_parts_sql(root: Path, gen: Path) -> str:
 NONFINITE_LISTED = 10_000  # chunks with NaN/Inf points named in the views' SQL, at most
 
 
-def _nonfinite_filters(gen: Path) -> tuple[str, str]:
+def _nonfinite_filters(con: duckdb.DuckDBPyConnection, gen: Path, have: set[str] | None) -> tuple[str, str]:
     """Conditions on `p.chunk_id` for the parts rows run status reads: the chunks holding a
     NaN/Inf point, and those written before chunk_tags counted them (read whole). Named by id
     from this generation's chunk_tags, so DuckDB reads no row group of other chunks (and no part
     at all when no chunk holds one)."""
-    path = gen / "chunk_tags.parquet"
-    if not path.exists():
+    if have is None:
         return "false", "false"
-    if "nonfinite" not in pq.read_schema(path).names:
+    if "nonfinite" not in have:
         return "true", "true"  # a store from before the counts: every chunk is read
-    t = pq.ParquetFile(path).read(columns=["chunk_id", "nonfinite"])  # (read_table imports pandas)
-    ids, counts = t["chunk_id"].to_pylist(), t["nonfinite"].to_pylist()
+    path = glob_literal(str(gen / "chunk_tags.parquet"))
+    pairs = con.execute(f"SELECT chunk_id, nonfinite FROM read_parquet({path})").fetchall()
     out = []
     for want in (lambda n: n is None or n > 0, lambda n: n is None):
-        listed = sorted({i for i, n in zip(ids, counts, strict=True) if want(n)})
+        listed = sorted({i for i, n in pairs if want(n)})
         if not listed:
             out.append("false")
         elif len(listed) > NONFINITE_LISTED:
@@ -87,20 +135,27 @@ def _nonfinite_filters(gen: Path) -> tuple[str, str]:
     return out[0], out[1]
 
 
-def view_statements(root: Path, gen: Path) -> list[str]:
-    """CREATE VIEW statements for the documented views over one generation."""
+def view_statements(
+    root: Path, gen: Path, con: duckdb.DuckDBPyConnection | None = None, parts: list[dict] | None = None
+) -> list[str]:
+    """CREATE VIEW statements for the documented views over one generation (`con`: a connection
+    to read the generation's tables with; `parts`: its `listed_parts`, when already read)."""
+    if con is None:
+        with duckdb.connect(":memory:", config=duckdb_config()) as own:
+            return view_statements(root, gen, own, parts)
+    cols = table_columns(con, gen)
     stmts = [
-        f"CREATE OR REPLACE VIEW _{t} AS {_meta_sql(gen, t, sch)}"
+        f"CREATE OR REPLACE VIEW _{t} AS {_meta_sql(gen, t, sch, cols.get(t))}"
         for t, sch in {**schema.META_TABLES, **schema.DERIVED_TABLES}.items()
     ]
-    part_sql = _scalar_parts_sql(root, gen)
+    part_sql = _scalar_parts_sql(parts if parts is not None else listed_parts(con, root, gen, cols))
     event_sql = _parts_sql(
         root / "events",
         "*/e*.parquet",
         {c: t for c, t in schema.EVENT_PART.items() if c != "chunk_id"},
         "SELECT e.* EXCLUDE (chunk_id) FROM {src} e SEMI JOIN _chunks c ON c.chunk_id = e.chunk_id",
     )
-    nonfinite, uncounted = _nonfinite_filters(gen)
+    nonfinite, uncounted = _nonfinite_filters(con, gen, cols.get("chunk_tags"))
     user = aliases.load_user_aliases(root, Path.cwd())
     metric_rows = (  # each tag once through the patterns
         f"SELECT tag, {aliases.metric_case_sql('tag', user)} AS metric FROM (SELECT DISTINCT tag FROM _chunk_tags)"
@@ -311,6 +366,21 @@ def view_statements(root: Path, gen: Path) -> list[str]:
 
 _VIEW_NAME = re.compile(r"CREATE OR REPLACE VIEW (\w+) AS")
 _WORD = re.compile(r"\w+")
+
+# every view `view_statements` creates (tests/test_architecture.py keeps it whole): a query that
+# names none of them (`SELECT 1`, a query of a Parquet file) opens nothing of the store
+VIEW_NAMES = frozenset(
+    {"_" + t for t in (*schema.META_TABLES, *schema.DERIVED_TABLES)}
+    | {"_agreeing", "_auto_labels", "_cutoffs", "_events", "_file_order", "_multi_source"}
+    | {"_nonfinite_tails", "_points", "_ranked_tags", "_run_status", "_runs_base", "_tag_metric"}
+    | {"agreement", "alerts", "checkpoints", "deliveries", "events", "file_tags", "files", "labels"}
+    | {"lineage", "problems", "runs", "scalars", "scalars_all", "unmapped_tags"}
+)
+
+
+def reads_no_view(query: str) -> bool:
+    """Whether `query` names no view (so it needs none of the store's tables)."""
+    return VIEW_NAMES.isdisjoint(_WORD.findall(query.lower()))
 
 
 def needed(stmts: list[str], query: str) -> list[str]:
