@@ -104,7 +104,7 @@ def _pyarrow_without_pandas() -> None:
 
     sys.modules["pandas"] = NoPandas("pandas")
     try:
-        with contextlib.suppress(ImportError):
+        with contextlib.suppress(ImportError, AttributeError):  # (a pyarrow without that private probe)
             pyarrow.lib._pandas_api.have_pandas  # noqa: B018 - pyarrow looks once, here
         pyarrow.array(["x"])  # and once for converting Python values
     finally:
