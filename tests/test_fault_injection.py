@@ -286,8 +286,8 @@ def test_a_file_that_vanishes_after_discovery_is_a_problem_and_the_rest_is_store
     gone = tbx_scalars(tmp_path / "runs/gone", {"loss": [(s, 1.0) for s in range(50)]})
     real = ingest.pipeline.discover
 
-    def discover_then_delete(root, ingestors):
-        found = real(root, ingestors)
+    def discover_then_delete(root, ingestors, *known):
+        found = real(root, ingestors, *known)
         gone.unlink()
         return found
 
