@@ -8,20 +8,21 @@ an open app never blocks an ingest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import re
 from datetime import datetime
 
 import numpy as np
 import polars as pl
 import streamlit as st
 
+from detectors import language
 from detectors.backtest import Settings, backtest, judge
 from detectors.replay import GUIDES, default_rules, replay
 from detectors.rules import rules_from_text
 from ingest import lineage as lineage_graph
-from workbench.app import charts
+from workbench.app import charts, untrusted
 from workbench.errors import WorkbenchError
 from workbench.store import Store, reads
 
@@ -115,14 +116,41 @@ def tags(gen: str, run_ids: tuple[str, ...]) -> pl.DataFrame:
     )
 
 
-@st.cache_resource(show_spinner=False, max_entries=256)
+HELD_POINTS = 50_000_000  # points held per generation before the oldest series are let go
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def _held(gen: str) -> dict[tuple[str, str], dict[str, np.ndarray]]:
+    """This generation's series read so far, by (run, tag), oldest first: shared by every page
+    view of the process (never copied per view), read-only."""
+    return {}
+
+
+def _hold(gen: str, key: tuple[str, str], series: dict[str, np.ndarray]) -> None:
+    held = _held(gen)
+    held[key] = series
+    total = sum(len(v["step"]) for v in held.values())
+    for old in list(held):
+        if total <= HELD_POINTS or old == key:
+            break
+        gone = held.pop(old, None)  # another session may have let it go already
+        total -= len(gone["step"]) if gone is not None else 0
+
+
 def _series(gen: str, run_id: str, tag: str) -> dict[str, np.ndarray]:
     """Every stored point of one run and tag by step: value, its own wall time, and `kind`: 0
     current, 1 replaced by a resume (a later writer of the same source logged that step again),
     2 a duplicate of the step from another source (shown by that source's current row); and
-    `cur_step`, `cur_wall`, `cur_value` for the current points alone. Held once per process
-    (never copied per page view): read-only."""
-    df = read(gen, reads.curve_points(run_id, tag))
+    `cur_step`, `cur_wall`, `cur_value` for the current points alone. Read once per generation
+    (`prefetch` reads many at once)."""
+    s = _held(gen).get((run_id, tag))
+    if s is None:
+        s = _as_series(gen, run_id, tag, read(gen, reads.curve_points(run_id, tag)))
+        _hold(gen, (run_id, tag), s)
+    return s
+
+
+def _as_series(gen: str, run_id: str, tag: str, df: pl.DataFrame) -> dict[str, np.ndarray]:
     # parts are stored sorted by step: a single-writer series needs no sort (the common case)
     if not df["step"].is_sorted() or df["superseded"].any():
         df = df.sort(["step", "superseded"], descending=[False, True], maintain_order=True)
@@ -141,20 +169,22 @@ def _series(gen: str, run_id: str, tag: str) -> dict[str, np.ndarray]:
 
 
 def prefetch(gen: str, pairs: list[tuple[str, str]]) -> None:
-    """Read the points of several (run, tag) pairs at once, on threads (DuckDB releases the GIL
-    while it scans): a first view of 10 runs waits for the slowest read, not for their sum."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
-
-    ctx = get_script_run_ctx()
-
-    def read(pair):
-        add_script_run_ctx(ctx=ctx)
-        _series(gen, *pair)
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        list(pool.map(read, pairs[:64]))
+    """Read the points of several (run, tag) pairs not read yet: one scan per tag for all its
+    runs (a sweep of 500 runs is one query, not 500)."""
+    held = _held(gen)
+    by_tag: dict[str, list[str]] = {}
+    for run, tag in pairs:
+        if (run, tag) not in held:
+            by_tag.setdefault(tag, []).append(run)
+    for tag, runs in by_tag.items():
+        if len(runs) == 1:
+            _series(gen, runs[0], tag)
+            continue
+        df = read(gen, reads.curve_points_of(runs, tag))
+        parts = df.partition_by("run_id", as_dict=True, include_key=False)
+        empty = df.head(0).drop("run_id")
+        for run in runs:
+            _hold(gen, (run, tag), _as_series(gen, run, tag, parts.get((run,), empty)))
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
@@ -327,14 +357,10 @@ def group_of(run_ids: list[str], how: str, key: str, gen: str) -> dict[str, str]
         return {r: f"{key}={vals.get(r)}" for r in run_ids}
     if how == "name" and key:
         try:
-            pat = re.compile(key)
-        except re.error:
+            found = untrusted.names(key, list(run_ids))
+        except untrusted.BadPattern:
             return {r: r for r in run_ids}
-        out = {}
-        for r in run_ids:
-            m = pat.search(r)
-            out[r] = (m.group(1) if m.groups() and m.group(1) is not None else m.group(0)) if m else r
-        return out
+        return {r: f if f is not None else r for r, f in zip(run_ids, found, strict=True)}
     return {r: r for r in run_ids}
 
 
@@ -355,6 +381,38 @@ def export(gen: str, pairs: tuple[tuple[str, str], ...], fmt: str) -> bytes:
 @st.cache_data(show_spinner=False)
 def alerts(gen: str, run_ids: tuple[str, ...]) -> pl.DataFrame:
     return read(gen, reads.alerts(list(run_ids)))
+
+
+@st.cache_data(show_spinner=False)
+def rule_metrics(rules_text: str | None = None) -> dict[str, list[str]]:
+    """rule id -> the metric (or tags) its alerts belong to: the first name of its condition
+    (the one whose value an alert carries), a built-in detector's metric fields; of the built-in
+    and guides' rules and of `rules_text`. Names may be globs."""
+    pool = list(default_rules())
+    if rules_text:
+        with contextlib.suppress(WorkbenchError):  # the backtest page says what is wrong with it
+            pool += _rules(rules_text)
+    out: dict[str, list[str]] = {}
+    for r in pool:
+        if r.when:
+            try:
+                names = [n.name for n in language.names(language.parse(r.when))][:1]
+            except WorkbenchError:
+                names = []
+        else:
+            d = r.detector
+            names = [getattr(d, f) for f in dir(d) if f.endswith("metric") and isinstance(getattr(d, f), str)]
+            names += list(getattr(d, "metrics", ()) or ())
+        out.setdefault(r.id, [])
+        out[r.id] += [n for n in names if n not in out[r.id]]
+    return out
+
+
+def value_at(gen: str, run_id: str, tag: str, step: int) -> float | None:
+    """The current value of a run's tag at a step (None where it logged none)."""
+    s = _series(gen, run_id, tag)
+    i = np.searchsorted(s["cur_step"], step)
+    return float(s["cur_value"][i]) if i < len(s["cur_step"]) and s["cur_step"][i] == step else None
 
 
 @st.cache_data(show_spinner=False)

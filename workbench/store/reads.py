@@ -249,6 +249,15 @@ def curve_points(run_id: str, tag: str) -> Query:
     )
 
 
+def curve_points_of(run_ids: list[str], tag: str) -> Query:
+    """run_id and `curve_points` of several runs' tag in one scan (a sweep's first view)."""
+    return Query(
+        "SELECT run_id, step, wall_time, value, superseded FROM scalars_all "
+        "WHERE tag = ? AND list_contains(?::VARCHAR[], run_id)",
+        [tag, run_ids],
+    )
+
+
 def duplicated_steps(run_id: str, tag: str) -> Query:
     """Steps of a run's tag whose superseded points are another source's duplicate of a
     current point, not a resume: no current point of their own source at that step, and no

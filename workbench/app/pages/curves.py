@@ -2,18 +2,19 @@
 layout), TensorBoard smoothing, run groups with mean and band (W&B's), alerts and events on
 each chart's own curve; the whole view is kept in the URL."""
 
-import html
-import re
-
 import numpy as np
 import polars as pl
 import streamlit as st
 
-from workbench.app import charts, data, state
+from workbench.app import charts, data, state, untrusted
+from workbench.app.untrusted import md
 
 MAX_CHARTS = 24
 PAGE_WIDTH_PX = 1300  # the wide layout's plot area at a 1440 px window
 PX_PER_BUCKET = 2  # a bucket keeps up to 4 points: 2 px each draws the same line at half the points
+POINTS_PER_CHART = 60_000  # what a sweep's lines share on one chart: each drawn in fewer buckets
+MIN_BUCKETS = 16
+ALERTS_MAX_RUNS = 20  # above this many runs, alerts start hidden (their count is shown)
 
 st.title("Curves")
 gen = data.generation()
@@ -25,14 +26,14 @@ all_runs = list(data.run_starts(gen))
 PARAMS = [
     state.Param("curves_runs", "run", []),
     state.Param("curves_tags", "tags", ""),
-    state.Param("curves_smoothing", "smooth", 0.6),
-    state.Param("curves_x", "x", "step"),
+    state.Param("curves_smoothing", "smooth", 0.6, lo=0.0, hi=0.999),
+    state.Param("curves_x", "x", "step", choices=tuple(data.X_MODES)),
     state.Param("curves_log", "logy", False),
     state.Param("curves_raw", "raw", True),
     state.Param("curves_outliers", "outliers", True),
-    state.Param("curves_group", "group", "none"),
+    state.Param("curves_group", "group", "none", choices=("none", "config", "name")),
     state.Param("curves_group_key", "by", ""),
-    state.Param("curves_cols", "cols", 2),
+    state.Param("curves_cols", "cols", 2, choices=(1, 2, 3)),
     state.Param("curves_alerts", "alerts", True),
     state.Param("curves_events", "events", True),
     state.Param("curves_superseded", "replaced", False),
@@ -64,10 +65,10 @@ tag_df = data.tags(gen, tuple(sel))
 metric_of = dict(tag_df.select("tag", "metric").iter_rows())
 if tag_filter:
     try:
-        pattern = re.compile(tag_filter)
-        chosen = [t for t in tag_df["tag"] if pattern.search(t)]
-    except re.error:
-        st.warning(f"Not a valid regular expression: `{tag_filter}`")
+        all_tags = tag_df["tag"].to_list()
+        chosen = [t for t, hit in zip(all_tags, untrusted.matches(tag_filter, all_tags), strict=True) if hit]
+    except untrusted.BadPattern as e:
+        st.warning(md(f"Tags {tag_filter}: {e}"))
         chosen = []
 else:
     chosen = tag_df.filter(pl.col("metric") == "loss")["tag"].to_list()[:2] or tag_df["tag"].to_list()[:1]
@@ -75,8 +76,9 @@ else:
 with st.expander("Groups, layout, markers, live refresh"):
     g1, g2, g3 = st.columns([1, 2, 1])
     group_how = g1.radio("Group runs", ["none", "config", "name"], horizontal=True, key="curves_group")
-    if group_how == "config":
-        cfg_keys = [c for c in data.configs(gen).columns if c != "run_id"]
+    if group_how == "config":  # the keys some picked run has (else every run lands in one `=None` group)
+        cfg = data.configs(gen).filter(pl.col("run_id").is_in(sel))
+        cfg_keys = [c for c in cfg.columns if c != "run_id" and cfg[c].null_count() < cfg.height]
         state.keep_only("curves_group_key", cfg_keys)
         group_key = g2.selectbox("by config key", cfg_keys, key="curves_group_key", placeholder="no configs")
     elif group_how == "name":
@@ -89,7 +91,16 @@ with st.expander("Groups, layout, markers, live refresh"):
         group_key = ""
     cols = g3.selectbox("Charts per row", [1, 2, 3], key="curves_cols")
     m1, m2, m3, m4 = st.columns(4)
-    show_alerts = m1.checkbox("alerts", key="curves_alerts")
+    all_alerts = data.alerts(gen, tuple(sel))
+    many = len(sel) > ALERTS_MAX_RUNS
+    if st.session_state.get("curves_alerts_many") != many and "alerts" not in st.query_params:
+        st.session_state["curves_alerts"] = not many  # a sweep starts without markers; a few runs with
+    st.session_state["curves_alerts_many"] = many
+    show_alerts = m1.checkbox(
+        f"alerts ({all_alerts.height:,} stored)",
+        key="curves_alerts",
+        help=f"Drawn on the chart of the metric that fired; off at first above {ALERTS_MAX_RUNS} runs.",
+    )
     show_events = m2.checkbox("events (overflow, checkpoint, resume, recovery)", key="curves_events")
     show_replaced = m3.checkbox(
         "points replaced by a resume",
@@ -99,7 +110,7 @@ with st.expander("Groups, layout, markers, live refresh"):
     live = m4.toggle(
         "Live refresh", key="curves_live", help="Re-read the store every few seconds while it is written."
     )
-    stored_rules = sorted(data.alerts(gen, tuple(sel))["rule"].unique().to_list())
+    stored_rules = sorted(all_alerts["rule"].unique().to_list())
     alert_rules = st.multiselect(
         "Alert rules drawn", stored_rules, default=stored_rules, key="curves_alert_rules"
     )
@@ -131,12 +142,24 @@ def chart_grid() -> None:
 
     groups = data.group_of(sel, group_how, group_key, gen)
     keys = list(dict.fromkeys(groups[r] for r in sel))
+    grouped = len(keys) < len(sel)
     styles = charts.line_styles(keys)
     ncols = min(cols, len(shown_tags))  # one chart takes the whole width
-    buckets = PAGE_WIDTH_PX // ncols // PX_PER_BUCKET
+    width_buckets = PAGE_WIDTH_PX // ncols // PX_PER_BUCKET
+    # a sweep's lines share the chart's points: each keeps fewer buckets, still its extremes
+    buckets = max(MIN_BUCKETS, min(width_buckets, POINTS_PER_CHART // (4 * len(keys))))
     alerts = _alerts(show_alerts)
     events = data.events(gen, tuple(sel)) if show_events else pl.DataFrame()
-    st.html(_colour_key(keys, styles))
+    legend = len(keys) <= charts.LEGEND_MAX
+    if not legend:
+        with st.expander(
+            f"Colour key ({len(keys)} {'groups' if grouped else 'runs'}; each colour is shared)"
+        ):
+            st.dataframe(
+                pl.DataFrame({"line": keys, "colour": [styles[k][0] for k in keys]}),
+                hide_index=True,
+                key="curves_colour_key",
+            )
 
     data.prefetch(gen, [(run, tag) for tag in shown_tags for run in sel])
     curves = {  # tag -> run -> its line on that chart
@@ -157,8 +180,8 @@ def chart_grid() -> None:
     x_title = {"step": "step", "relative time": f"relative time ({unit})", "wall time": "wall time (local)"}
     figures = {}
     for tag, cs in drawn.items():
-        if len(keys) < len(sel):
-            lines = _group_lines(tag, cs, keys, groups, styles, smoothing, x_mode, buckets)
+        if grouped:
+            lines = _group_lines(tag, cs, keys, groups, styles, smoothing, x_mode, width_buckets)
         else:
             lines = [
                 {**d, "name": run, "color": styles[run][0], "dash": styles[run][1]} for run, d in cs.items()
@@ -182,7 +205,8 @@ def chart_grid() -> None:
             alerts=marks_a,
             events=marks_e,
             ignore_outliers=outliers,
-            show_raw=show_raw and len(keys) == len(sel),
+            show_raw=show_raw and not grouped,
+            legend_lines=legend and len(keys) > 1,
             height=420 if ncols == 1 else 330,
         )
 
@@ -190,13 +214,14 @@ def chart_grid() -> None:
     lost = [r for r in sel if r not in timed and any(r in cs for cs in curves.values())]
     if lost and x_mode != "step":
         st.warning(
-            f"Not drawn on a time axis: {', '.join(lost)}. No source of "
+            f"Not drawn on a time axis: {md(', '.join(lost))}. No source of "
             f"{'this run' if len(lost) == 1 else 'these runs'} logged a wall time for these steps; "
             "choose x = step to see them."
         )
-    for prefix, tags_in in _sections(list(figures)):
-        if prefix:
-            st.markdown(f"**{html.escape(prefix)}/**")
+    sections = _sections(list(figures))
+    for prefix, tags_in in sections:
+        if len(sections) > 1:
+            st.markdown(f"**{md(prefix)}/**" if prefix else "**(no prefix)**")
         for i in range(0, len(tags_in), ncols):
             for col, tag in zip(st.columns(ncols), tags_in[i : i + ncols], strict=False):
                 col.plotly_chart(figures[tag], key=f"curves_chart_{tag}", width="stretch")
@@ -231,14 +256,15 @@ def _notes(curves: dict, timed: set, buckets: int, x_mode: str, show_replaced: b
     if partly:
         notes.append(
             "Left out for want of a wall time: "
-            + ", ".join(f"{n:,} points of {r}" for r, n in partly.items())
+            + ", ".join(f"{n:,} points of {md(r)}" for r, n in partly.items())
             + "."
         )
     return " ".join(notes)
 
 
 def _sections(tags: list[str]) -> list[tuple[str, list[str]]]:
-    """Tags grouped by their prefix (the part before the first '/'), in order of appearance."""
+    """Tags grouped by their prefix (the part before the first '/'), in order of appearance;
+    tags without one together under a heading of their own."""
     out: dict[str, list[str]] = {}
     for t in tags:
         out.setdefault(t.split("/", 1)[0] if "/" in t else "", []).append(t)
@@ -276,25 +302,13 @@ def _alerts(show: bool) -> pl.DataFrame:
     if overlay is None:
         return alerts
     o1, o2 = st.columns([4, 1])
-    o1.caption(f"Drawing the alarms of `{overlay['rule']}` as the backtest judged them (marked “backtest”).")
+    o1.caption(f"Drawing the alarms of {md(overlay['rule'])} as the backtest judged them (open markers).")
     if o2.button("Hide them", key="curves_hide_overlay"):
         del st.session_state["bt_overlay"]
         return alerts
     alerts = alerts.filter(pl.col("rule") != overlay["rule"])
-    return (
-        pl.concat([alerts, overlay["alerts"]], how="diagonal_relaxed")
-        if not alerts.is_empty()
-        else overlay["alerts"]
-    )
-
-
-def _colour_key(keys: list[str], styles: dict) -> str:
-    items = " ".join(
-        f'<span style="white-space:nowrap;margin-right:14px"><span style="color:{styles[k][0]};font-weight:900">'
-        f"━━</span> {html.escape(k)}</span>"
-        for k in keys
-    )
-    return f'<div style="font-size:0.9rem;line-height:1.8">{items}</div>'
+    ours = overlay["alerts"].with_columns(rule_id=pl.lit(overlay["rule"]), backtest=pl.lit(True))
+    return pl.concat([alerts, ours], how="diagonal_relaxed") if not alerts.is_empty() else ours
 
 
 def _rescale(line: dict, scale) -> dict:
@@ -310,14 +324,17 @@ def _rescale(line: dict, scale) -> dict:
 def _alerts_on(
     alerts: pl.DataFrame, tag: str, metric, curves: dict, styles: dict, groups: dict
 ) -> list[dict]:
-    """An alert sits on each chart of its run (or only on its tag's, when the rule names one)."""
+    """The alerts that fired on this chart's metric, each on its run's curve: the tag an alert
+    names, else the metrics its rule reads, else (a rule the app does not know) the chart
+    whose value at the step is the alert's."""
     out = []
     if alerts.is_empty():
         return out
     live = "source" in alerts.columns
+    reads_of = data.rule_metrics(st.session_state.get("bt_rules_text"))
     for a in alerts.iter_rows(named=True):
         d = curves.get(a["run_id"])
-        if d is None or (a.get("tag") and a["tag"] not in (tag, metric)):
+        if d is None or not _fired_on(a, tag, metric, reads_of):
             continue
         x, y = data.place(d, a["step_fired"])
         if x is None:
@@ -334,9 +351,21 @@ def _alerts_on(
                 + (f" · raised {a['raised_at']}" if a.get("raised_at") else ""),
                 "color": styles[groups[a["run_id"]]][0],
                 "live": live and a.get("source") == "live",
+                "backtest": bool(a.get("backtest")),
             }
         )
     return out
+
+
+def _fired_on(alert: dict, tag: str, metric, reads_of: dict) -> bool:
+    if alert.get("tag"):
+        return alert["tag"] in (tag, metric)
+    names = reads_of.get(alert.get("rule_id") or alert["rule"])
+    if names:
+        return any(untrusted.glob_match(n, tag) or n in (tag, metric) for n in names)
+    v = data.value_at(gen, alert["run_id"], tag, alert["step_fired"])
+    want = alert.get("value")
+    return v is not None and want is not None and (v == want or np.isclose(v, want, equal_nan=True))
 
 
 def _events_on(events: pl.DataFrame, curves: dict, styles: dict, groups: dict) -> list[dict]:
