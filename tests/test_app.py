@@ -323,7 +323,7 @@ def test_backtest_rule_errors_name_the_rule_text(app):
     at.radio(key="bt_source").set_value("my rules (TOML)").run()
     at.text_area(key="bt_rules_text").input('[[rule]]\nid = "x"\nwhen = "loss >"').run()
     at.button(key="bt_run").click().run()
-    message = at.error[0].value
+    message = plain(at.error[0].value)
     assert message.startswith("the rule text: rule #1 (x)") and "/tmp" not in message
 
 

@@ -107,6 +107,28 @@ def tb_smooth(values: np.ndarray, weight: float) -> np.ndarray:
     return out
 
 
+def tb_smooth_many(series: list[np.ndarray], weight: float) -> list[np.ndarray]:
+    """`tb_smooth` of each series; the finite, non-constant ones of one length in one filter
+    call (a sweep's runs all log the same steps: 500 runs cost one pass, not 500 calls)."""
+    out: list = [None] * len(series)
+    by_len: dict[int, list[int]] = {}
+    for i, v in enumerate(series):
+        v = np.asarray(v, dtype=np.float64)
+        if weight <= 0 or len(v) < 2 or not np.isfinite(v).all() or v.min() == v.max():
+            out[i] = tb_smooth(v, weight)
+        else:
+            by_len.setdefault(len(v), []).append(i)
+    for n, idx in by_len.items():
+        block = np.stack([np.asarray(series[i], np.float64) for i in idx])
+        block = lfilter([1.0 - weight], [1.0, -weight], block, axis=1)
+        if weight < 1:
+            m = min(n, int(math.log(1e-17) / math.log(weight)) + 1)
+            block[:, :m] /= 1.0 - weight ** np.arange(1, m + 1)
+        for row, i in enumerate(idx):
+            out[i] = block[row]
+    return out
+
+
 def keep_index(y: np.ndarray, buckets: int = 1000) -> np.ndarray:
     """The points to draw, for display only: per bucket of consecutive points the first, min,
     max and last, in order, so spikes survive; every non-finite point too (NaN markers must not
@@ -404,10 +426,9 @@ def _add_bundles(fig: go.Figure, lines: list[dict]) -> None:
     for colour, group in by_colour.items():
         xs, ys, names = [], [], []
         for ln in group:
-            n = len(ln["smooth_x"])
             xs += [np.asarray(ln["smooth_x"], np.float64), [np.nan]]
             ys += [np.asarray(ln["smooth_y"], np.float64), [np.nan]]
-            names += [txt(ln["name"])] * (n + 1)
+            names.append(np.full(len(ln["smooth_x"]) + 1, txt(ln["name"])))
         fig.add_trace(
             go.Scatter(
                 x=compact(np.concatenate(xs)),
@@ -415,7 +436,7 @@ def _add_bundles(fig: go.Figure, lines: list[dict]) -> None:
                 mode="lines",
                 line={"color": colour, "width": 1.5},
                 connectgaps=False,
-                text=names,
+                text=np.concatenate(names),  # an array: plotly takes it whole, a list item by item
                 name=f"{len(group)} lines",
                 showlegend=False,
                 hovertemplate="%{text}: %{y:.5g}<extra></extra>",

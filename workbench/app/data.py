@@ -53,10 +53,11 @@ def read(gen: str, query: reads.Query) -> pl.DataFrame:
         cur.close()
 
 
-@st.cache_data(show_spinner=False)
+@st.cache_resource(show_spinner=False, max_entries=2)
 def run_starts(gen: str) -> dict[str, float | None]:
     """run -> when it started (epoch seconds, its first file's first wall time), for every run:
-    what the Curves page needs of `runs`, without its heavier columns."""
+    what the Curves page needs of `runs`, without its heavier columns. Shared, read-only (looked
+    up once per run of a sweep: not copied per call)."""
     return dict(read(gen, reads.run_starts()).iter_rows())
 
 
@@ -222,16 +223,20 @@ def _line(gen: str, run_id: str, tag: str, smoothing: float, buckets: int) -> di
     """The points of one run's line worth drawing, whatever the x axis: smoothed over every
     current point, then thinned per bucket of points (indices into the current points, so any
     x is looked up for just these)."""
-    s = _series(gen, run_id, tag)
-    values = s["cur_value"]
+    values = _series(gen, run_id, tag)["cur_value"]
     if len(values) == 0:
         return None
-    smoothed = charts.tb_smooth(values, smoothing)
-    ri, si = _raw_index(gen, run_id, tag, buckets), charts.keep_index(smoothed, buckets)
+    return _line_of(
+        values, charts.tb_smooth(values, smoothing), _raw_index(gen, run_id, tag, buckets), buckets
+    )
+
+
+def _line_of(values: np.ndarray, smoothed: np.ndarray, raw_index: np.ndarray, buckets: int) -> dict:
+    si = charts.keep_index(smoothed, buckets)
     bad = np.flatnonzero(~np.isfinite(values))
     return {
-        "raw_i": ri,
-        "raw_y": values[ri],
+        "raw_i": raw_index,
+        "raw_y": values[raw_index],
         "smooth_i": si,
         "smooth_y": smoothed[si],
         "nan_i": bad,
@@ -250,8 +255,28 @@ def display_curve(
     wall time are left out on time axes and counted (only the counts come back when nothing can
     be drawn). `place_*`: (optimizer step, x, smoothed y) of the line, to put markers on."""
     line = _line(gen, run_id, tag, smoothing, buckets)
-    if line is None:
-        return None
+    return None if line is None else _display(gen, run_id, tag, line, x_mode, replaced)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def display_curves(
+    gen: str, run_ids: tuple[str, ...], tag: str, smoothing: float, x_mode: str, replaced: bool, buckets: int
+) -> dict[str, dict]:
+    """`display_curve` of many runs (a sweep) as one cached result: their series smoothed
+    together (`charts.tb_smooth_many`), one cache entry per chart instead of one per run."""
+    prefetch(gen, [(r, tag) for r in run_ids])
+    series = {r: _series(gen, r, tag) for r in run_ids}
+    runs = [r for r in run_ids if len(series[r]["cur_value"])]
+    smoothed = charts.tb_smooth_many([series[r]["cur_value"] for r in runs], smoothing)
+    out = {}
+    for run, sm in zip(runs, smoothed, strict=True):
+        values = series[run]["cur_value"]
+        line = _line_of(values, sm, charts.keep_index(values, buckets), buckets)
+        out[run] = _display(gen, run, tag, line, x_mode, replaced)
+    return out
+
+
+def _display(gen: str, run_id: str, tag: str, line: dict, x_mode: str, replaced: bool) -> dict:
     s = _series(gen, run_id, tag)
     info = {
         "points": line["points"],
@@ -331,11 +356,10 @@ def group_band(
 ) -> dict | None:
     """Mean and min..max band of several runs' smoothed lines on one chart (W&B's run groups)."""
     xs, ys = [], []
-    for run in run_ids:
-        s = _series(gen, run, tag)
-        if len(s["cur_value"]) == 0:
-            continue
-        y = charts.tb_smooth(s["cur_value"], smoothing)
+    prefetch(gen, [(r, tag) for r in run_ids])
+    series = [(r, s) for r in run_ids if len((s := _series(gen, r, tag))["cur_value"])]
+    smoothed = charts.tb_smooth_many([s["cur_value"] for _, s in series], smoothing)
+    for (run, s), y in zip(series, smoothed, strict=True):
         if x_mode == "step":
             x = s["cur_step"]
         else:

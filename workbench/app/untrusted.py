@@ -9,6 +9,7 @@ It has no look-around or back-references; such a pattern is refused with a messa
 from __future__ import annotations
 
 import html
+import json
 import re
 
 import polars as pl
@@ -66,3 +67,27 @@ def glob_match(glob: str, text: str) -> bool:
     from workbench.store.aliases import glob_regex
 
     return matches("^" + glob_regex(glob) + "$", [text])[0]
+
+
+def backtest_results(raw: bytes) -> dict:
+    """An uploaded results file, or {"error": why} when it is not one the backtest wrote."""
+    try:
+        res = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        return {"error": f"not a JSON file ({e})"}
+    if isinstance(res, dict) and "error" in res:
+        return {"error": f"the file holds an error: {res['error']}"}
+    if not isinstance(res, dict) or not isinstance(res.get("rules"), list):
+        return {"error": "not backtest results: they are a JSON object with a list of rules"}
+    for key in ("rules", "predictors"):
+        if not isinstance(res.get(key) or [], list) or not all(
+            isinstance(r, dict) for r in res.get(key) or []
+        ):
+            return {"error": f"not backtest results: {key} holds something other than rows"}
+    for r in res["rules"]:
+        numbers = [r.get(k) for k in ("recall", "false_alarms_per_1k")]
+        if not isinstance(r.get("rule"), str) or not all(
+            v is None or isinstance(v, int | float) and not isinstance(v, bool) for v in numbers
+        ):
+            return {"error": "not backtest results: each of its rules names its rule and holds numbers"}
+    return {"runs": None, "unknown": None, **res}

@@ -1,12 +1,11 @@
 """Alerts & backtest: score rules on labelled runs (shown on arrival, as `workbench backtest`
 prints them), compare sweeps, and see per run what a rule did, judged as the backtest judges it."""
 
-import json
-
 import polars as pl
 import streamlit as st
 
-from workbench.app import PAGE, charts, data, state
+from workbench.app import PAGE, charts, data, state, untrusted
+from workbench.app.untrusted import md
 
 st.title("Alerts & backtest")
 gen = data.generation()
@@ -25,9 +24,9 @@ if n_labelled == 0:
 
 PARAMS = [
     state.Param("bt_runs", "runs", ""),
-    state.Param("bt_horizon", "horizon", 100),
-    state.Param("bt_lead", "lead", 500),
-    state.Param("bt_warmup", "warmup", 0),
+    state.Param("bt_horizon", "horizon", 100, lo=0, hi=10**9),
+    state.Param("bt_lead", "lead", 500, lo=0, hi=10**9),
+    state.Param("bt_warmup", "warmup", 0, lo=0, hi=10**9),
     state.Param("bt_rule", "rule", ""),
 ]
 state.restore(PARAMS)
@@ -57,17 +56,21 @@ saved = b3.file_uploader(
     help="What `workbench backtest --out DIR` writes, or `--format json > scores.json`.",
 )
 if st.session_state.get("bt_replay_msg"):
-    st.caption(st.session_state["bt_replay_msg"])
+    st.caption(md(st.session_state["bt_replay_msg"]))
 if st.session_state["bt_args"] != args:
     st.caption("The settings above changed: press **Run backtest** to score with them.")
 
+
 if saved is not None:
-    res = json.loads(saved.getvalue())
-    st.caption(f"Showing saved results from `{saved.name}`.")
+    res = untrusted.backtest_results(saved.getvalue())
+    st.caption(f"Showing saved results from {md(saved.name)}.")
 else:
     res = data.run_backtest(gen, *st.session_state["bt_args"])
 if "error" in res:
-    st.error(res["error"])
+    head, _, rest = res["error"].partition("\n")
+    st.error(md(head))
+    if rest:  # a rule's line with a caret under the fault: aligned, as text
+        st.code(rest, language=None)
     st.stop()
 
 PCT = "%.0f%%"
@@ -94,7 +97,11 @@ RATES |= {"trigger_rate_failed", "trigger_rate_healthy"}
 def table(rows: list[dict], key: str, first: list[str] = (), pinned: int = 1) -> None:
     """Rows as a table: rates as percentages (as the CLI prints them), the key columns pinned
     left, any column a newer backtest adds shown after the known ones."""
-    df = pl.DataFrame(rows, infer_schema_length=None)
+    try:
+        df = pl.DataFrame(rows, infer_schema_length=None)
+    except (TypeError, ValueError, pl.exceptions.PolarsError):  # rows a saved file holds, mixed
+        st.json(rows, expanded=False)
+        return
     if df.is_empty():
         return
     cols = [c for c in first if c in df.columns] + [c for c in df.columns if c not in first]
@@ -126,7 +133,7 @@ table(res.get("predictors", []), "bt_pred", ["predictor", "calls", "calls_true",
 for name, value in res.items():  # keys a newer backtest writes (e.g. per failure kind), shown as they come
     if name in ("rules", "predictors", "unknown", "runs") or not value:
         continue
-    st.subheader(name.replace("_", " ").capitalize())
+    st.subheader(md(name.replace("_", " ").capitalize()))
     if isinstance(value, list) and all(isinstance(v, dict) for v in value):
         table(value, f"bt_extra_{name}", ["rule"])
     elif isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
@@ -147,12 +154,12 @@ state.publish(PARAMS)
 rule, params = points[names.index(name)]
 out = data.rule_verdicts(gen, *st.session_state["bt_args"], rule, params)
 if isinstance(out, str):
-    st.info(out)
+    st.info(md(out))
     st.stop()
 verdicts, alarms = out
 b_rules, b_settings = st.session_state["bt_args"][0], st.session_state["bt_args"][2:]
 st.caption(
-    f"Replayed `{name}` over the backtest's runs; a failed run's alarm counts in "
+    f"Replayed {md(name)} over the backtest's runs; a failed run's alarm counts in "
     f"[onset − {b_settings[1]}, onset + {b_settings[0]}] after a warm-up of {b_settings[2]} steps."
 )
 event = st.dataframe(

@@ -162,14 +162,18 @@ def chart_grid() -> None:
             )
 
     data.prefetch(gen, [(run, tag) for tag in shown_tags for run in sel])
-    curves = {  # tag -> run -> its line on that chart
-        tag: {
-            run: d
-            for run in sel
-            if (d := data.display_curve(gen, run, tag, smoothing, x_mode, show_replaced, buckets))
+    if len(sel) > charts.LEGEND_MAX:  # a sweep: one cached result per chart
+        args = (smoothing, x_mode, show_replaced, buckets)
+        curves = {tag: data.display_curves(gen, tuple(sel), tag, *args) for tag in shown_tags}
+    else:  # a few runs, each cached alone (a long run is smoothed once for every x axis)
+        curves = {  # tag -> run -> its line on that chart
+            tag: {
+                run: d
+                for run in sel
+                if (d := data.display_curve(gen, run, tag, smoothing, x_mode, show_replaced, buckets))
+            }
+            for tag in shown_tags
         }
-        for tag in shown_tags
-    }
     drawn = {tag: {r: d for r, d in cs.items() if "smooth_x" in d} for tag, cs in curves.items()}
     unit, size = charts.time_unit(max((d["span"] for cs in drawn.values() for d in cs.values()), default=0.0))
     scale = {
