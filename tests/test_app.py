@@ -373,3 +373,19 @@ def test_store_without_labels_alerts_or_lineage_shows_empty_states(tmp_path, mon
     at = AppTest.from_file(APP, default_timeout=60).run()
     at.switch_page("workbench/app/pages/curves.py").run()
     assert not at.exception and figures(at)["loss"]  # a store without alerts still draws
+
+
+def test_export_is_one_row_per_step_with_the_runs_wall_times(sample_store, monkeypatch):
+    import io
+
+    monkeypatch.setenv("WORKBENCH_STORE", str(sample_store.root))
+    pair = (("attention_collapse", "train/loss"),)  # logged by TensorBoard and JSONL (no wall times)
+    gen = data.generation()
+    rows = pl.read_csv(io.BytesIO(data.export(gen, pair, "csv")))
+    current = sample_store.query(
+        "SELECT count(*) n FROM scalars WHERE run_id = 'attention_collapse' AND tag = 'train/loss'"
+    )["n"][0]
+    assert rows.height == current and rows["step"].is_unique().all()
+    assert rows["wall_time"].null_count() == 0  # taken from the source that logged the step
+    everything = pl.read_csv(io.BytesIO(data.export(gen, pair, "csv", True)))
+    assert everything.height > rows.height and everything.filter(~pl.col("superseded")).height == rows.height

@@ -687,17 +687,23 @@ def parallel_figure(rows: list[dict], dims: list[str], color_by: str) -> go.Figu
                     "ticktext": [txt(c[:18]) for c in cats],
                 }
             )
-    color = dimensions[-1]["values"]
-    fig = go.Figure(
-        go.Parcoords(
-            dimensions=dimensions,
-            line={
-                "color": color,
-                "colorscale": "Viridis",
-                "showscale": True,
-                "colorbar": {"title": color_by},
-            },
+    last = dimensions[-1]
+    line = {
+        "color": last["values"],
+        "colorscale": "Viridis",
+        "showscale": True,
+        "colorbar": {"title": color_by},
+    }
+    if "ticktext" in last:  # categories (label, status): one flat colour each, named on the bar
+        n = len(last["ticktext"])
+        colours = [PALETTE[i % len(PALETTE)] for i in range(n)]
+        line["colorscale"] = (
+            [[edge, c] for i, c in enumerate(colours) for edge in (i / n, (i + 1) / n)]
+            if n > 1
+            else [[0, colours[0]], [1, colours[0]]]
         )
-    )
-    fig.update_layout(height=420, margin={"l": 60, "r": 60, "t": 60, "b": 30})
+        line.update(cmin=-0.5, cmax=n - 0.5)
+        line["colorbar"] = {"title": color_by, "tickvals": last["tickvals"], "ticktext": last["ticktext"]}
+    fig = go.Figure(go.Parcoords(dimensions=dimensions, line=line, labelangle=-15, labelside="top"))
+    fig.update_layout(height=440, margin={"l": 60, "r": 60, "t": 90, "b": 30})
     return fig

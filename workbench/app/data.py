@@ -389,11 +389,12 @@ def group_of(run_ids: list[str], how: str, key: str, gen: str) -> dict[str, str]
 
 
 @st.cache_data(show_spinner="Preparing the export ...")
-def export(gen: str, pairs: tuple[tuple[str, str], ...], fmt: str) -> bytes:
-    """The selected points in long format: run_id, tag, step, wall_time, value, superseded."""
+def export(gen: str, pairs: tuple[tuple[str, str], ...], fmt: str, replaced: bool = False) -> bytes:
+    """The selected points in long format: run_id, tag, step, wall_time, value, superseded; one
+    row per step unless `replaced` (the points a resume replaced too)."""
     import io
 
-    frames = [read(gen, reads.export_points(r, t)) for r, t in pairs]
+    frames = [read(gen, reads.export_points(r, t, replaced)) for r, t in pairs]
     data = pl.concat(frames) if frames else pl.DataFrame()
     if fmt == "csv":
         return data.write_csv().encode()

@@ -285,12 +285,22 @@ def run_clock(run_id: str) -> Query:
     )
 
 
-def export_points(run_id: str, tag: str) -> Query:
-    """run_id, tag, step, wall_time, value, superseded of every stored point of a run's tag."""
+def export_points(run_id: str, tag: str, replaced: bool = True) -> Query:
+    """run_id, tag, step, wall_time, value, superseded of the stored points of a run's tag by
+    step: the current ones (one per step), and with `replaced` those a resume replaced too. A
+    point without a wall time of its own takes the run's clock at its step (another source that
+    logged the step), so a step is never a timed replaced row beside an untimed current one."""
     return Query(
-        "SELECT run_id, tag, step, wall_time, value, superseded FROM scalars_all "
-        "WHERE run_id = ? AND tag = ? ORDER BY step",
-        [run_id, tag],
+        """WITH clock AS (SELECT step, max(wall_time) AS wall FROM scalars_all
+                          WHERE run_id = $r AND isfinite(wall_time) GROUP BY step)
+           SELECT p.run_id, p.tag, p.step,
+                  coalesce(CASE WHEN isfinite(p.wall_time) THEN p.wall_time END, clock.wall) AS wall_time,
+                  p.value, p.superseded
+           FROM scalars_all p LEFT JOIN clock USING (step)
+           WHERE p.run_id = $r AND p.tag = $t"""
+        + ("" if replaced else " AND NOT p.superseded")
+        + " ORDER BY p.step, p.superseded DESC",
+        {"r": run_id, "t": tag},
     )
 
 

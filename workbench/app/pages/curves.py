@@ -226,8 +226,9 @@ def chart_grid() -> None:
     for prefix, tags_in in sections:
         if len(sections) > 1:
             st.markdown(f"**{md(prefix)}/**" if prefix else "**(no prefix)**")
-        for i in range(0, len(tags_in), ncols):
-            for col, tag in zip(st.columns(ncols), tags_in[i : i + ncols], strict=False):
+        n = min(ncols, len(tags_in))  # a section of one chart takes the whole width
+        for i in range(0, len(tags_in), n):
+            for col, tag in zip(st.columns(n), tags_in[i : i + n], strict=False):
                 col.plotly_chart(figures[tag], key=f"curves_chart_{tag}", width="stretch")
     st.caption(_notes(curves, timed, buckets, x_mode, show_replaced))
 
@@ -397,11 +398,19 @@ chart_grid()
 
 with st.expander("Export the selection (long format: run_id, tag, step, wall_time, value, superseded)"):
     pairs = tuple((r, t) for r in sel for t in chosen)
+    with_replaced = st.checkbox(
+        "with the points a resume replaced (superseded = true)", key="curves_export_all"
+    )
     if st.button("Prepare CSV and Parquet", key="curves_export"):
+        st.session_state["curves_export_ready"] = True
+    if st.session_state.get("curves_export_ready"):  # the buttons stay for another download
         e1, e2 = st.columns(2)
-        e1.download_button(
-            "Download CSV", data.export(gen, pairs, "csv"), "curves.csv", "text/csv", key="curves_csv"
-        )
-        e2.download_button(
-            "Download Parquet", data.export(gen, pairs, "parquet"), "curves.parquet", key="curves_parquet"
-        )
+        for col, fmt, mime in ((e1, "csv", "text/csv"), (e2, "parquet", "application/octet-stream")):
+            col.download_button(
+                f"Download {fmt.upper() if fmt == 'csv' else fmt.capitalize()}",
+                data.export(gen, pairs, fmt, with_replaced),
+                f"curves.{fmt}",
+                mime,
+                key=f"curves_{fmt}",
+                on_click="ignore",
+            )

@@ -76,7 +76,11 @@ elif "run" in st.query_params:
     del st.query_params["run"]
 
 st.subheader("Config")
-cfg = data.configs(gen).filter(pl.col("run_id").is_in(shown["run_id"].implode()))
+compared = picked or shown["run_id"].to_list()  # the ticked runs, else every run the filter shows
+st.caption(
+    f"Of the {len(picked)} ticked runs." if picked else "Of the runs shown (tick rows to compare those)."
+)
+cfg = data.configs(gen).filter(pl.col("run_id").is_in(compared))
 if cfg.is_empty():
     st.info("None of these runs logged a config (hparams, trainer arguments, a DeepSpeed config).")
     st.stop()
