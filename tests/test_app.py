@@ -244,7 +244,14 @@ def test_live_refresh_toggle(app):
 def test_backtest_page_scores_in_percent_and_judges_by_onset(app):
     at = app("backtest")  # results on arrival, as `workbench backtest` prints them
     scores = at.dataframe[0].value
-    assert list(scores.columns[:3]) == ["rule", "params", "recall"]
+    # what a user decides by first; the wide params last, the intervals on request
+    assert list(scores.columns[:4]) == [
+        "rule",
+        "trigger_rate_failed",
+        "trigger_rate_healthy",
+        "false_alarms_per_1k",
+    ]
+    assert scores.columns[-1] == "params" and not any("_ci_" in c for c in scores.columns)
     p1 = scores[scores["rule"] == "P1_attention_collapse"].iloc[0]
     assert 1 < p1["recall"] <= 100  # a percentage, as the CLI prints it (P1 detects attention_collapse)
     assert len(at.get("plotly_chart")) == 1  # the sweep chart

@@ -74,29 +74,28 @@ if "error" in res:
     st.stop()
 
 PCT = "%.0f%%"
-ORDER = [  # what a reader compares first, then the rest as the backtest writes it
+ORDER = [  # what a reader decides by first (does it fire on failed runs, not on healthy ones, how early)
     "rule",
-    "params",
-    "recall",
-    "recall_ci_low",
-    "recall_ci_high",
-    "precision",
-    "false_alarms_per_1k",
     "trigger_rate_failed",
     "trigger_rate_healthy",
+    "false_alarms_per_1k",
     "lead_time_median",
-    "first_trigger_mean",
-    "first_trigger_std",
+    "recall",
+    "precision",
     "never_fired",
     "runs_evaluable",
+    "first_trigger_mean",
+    "first_trigger_std",
 ]
+LAST = ["params"]  # wide: after the figures, as the rest a newer backtest writes
 RATES = {"recall", "recall_ci_low", "recall_ci_high", "precision", "precision_ci_low", "precision_ci_high"}
 RATES |= {"trigger_rate_failed", "trigger_rate_healthy"}
 
 
-def table(rows: list[dict], key: str, first: list[str] = (), pinned: int = 1) -> None:
+def table(rows: list[dict], key: str, first: list[str] = (), pinned: int = 1, intervals: bool = True) -> None:
     """Rows as a table: rates as percentages (as the CLI prints them), the key columns pinned
-    left, any column a newer backtest adds shown after the known ones."""
+    left, any column a newer backtest adds shown after the known ones, `params` last; the
+    confidence intervals only with `intervals`."""
     try:
         df = pl.DataFrame(rows, infer_schema_length=None)
     except (TypeError, ValueError, pl.exceptions.PolarsError):  # rows a saved file holds, mixed
@@ -104,7 +103,10 @@ def table(rows: list[dict], key: str, first: list[str] = (), pinned: int = 1) ->
         return
     if df.is_empty():
         return
-    cols = [c for c in first if c in df.columns] + [c for c in df.columns if c not in first]
+    cols = [c for c in first if c in df.columns] + [c for c in df.columns if c not in first and c not in LAST]
+    cols += [c for c in LAST if c in df.columns]
+    if not intervals:
+        cols = [c for c in cols if "_ci_" not in c]
     rates = [c for c in cols if c in RATES or c.endswith(("_rate", "recall", "precision"))]
     df = df.select(cols).with_columns([(pl.col(c).cast(pl.Float64) * 100) for c in rates])
     config = {c: st.column_config.NumberColumn(c, format=PCT) for c in rates}
@@ -121,7 +123,8 @@ if saved is None:
         f"{res['unknown']} unlabelled (left out). A failed run is detected when an alarm falls in "
         f"[onset − lead, onset + horizon]; rates in %, intervals are 95 % bootstrap over runs."
     )
-table(res["rules"], "bt_table", ORDER, pinned=2)
+with_ci = st.toggle("95 % intervals", key="bt_intervals")
+table(res["rules"], "bt_table", ORDER, pinned=1, intervals=with_ci)
 swept = sorted({r["rule"] for r in res["rules"] if sum(x["rule"] == r["rule"] for x in res["rules"]) > 1})
 if swept:
     st.subheader("Threshold sweeps: recall vs false alarms")
