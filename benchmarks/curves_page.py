@@ -83,6 +83,13 @@ ACTIONS = [
 ]
 
 
+def actions(runs: int) -> list[tuple[str, str, str]]:
+    """The actions that change what a chart of this many runs shows (a sweep has no raw lines)."""
+    from workbench.app.charts import LEGEND_MAX
+
+    return [a for a in ACTIONS if runs <= LEGEND_MAX or a[0] != "raw line off"]
+
+
 def server_side(run_ids: list[str]) -> tuple[float, list[tuple[str, float]]]:
     """First view and each action under AppTest (the same Python the server runs)."""
     from streamlit.testing.v1 import AppTest
@@ -105,7 +112,7 @@ def server_side(run_ids: list[str]) -> tuple[float, list[tuple[str, float]]]:
         "smoothing back to 0.600": lambda: at.slider(key="curves_smoothing").set_value(0.6),
     }
     out = []
-    for name, _, _ in ACTIONS:
+    for name, _, _ in actions(len(run_ids)):
         t0 = time.perf_counter()
         steps[name]().run()
         out.append((name, time.perf_counter() - t0))
@@ -213,9 +220,10 @@ def browser_side(store: Store, run_ids: list[str]) -> dict:
             page.goto(url)
             page.evaluate("() => { window.__lastPlot = 0; }")
             out["first_view_cold"] = settle(page, 0.0, all_lines)  # the server reads every point here
+            print(f"  browser: first view {out['first_view_cold']:.2f}s", file=sys.stderr, flush=True)
             page.reload()
             out["first_view_warm"] = settle(page, 0.0, all_lines)
-            for name, how, check in ACTIONS:
+            for name, how, check in actions(len(run_ids)):
                 kind, arg = how.split(":")
                 t0 = page.evaluate("performance.now()")
                 if kind == "slider":
@@ -223,7 +231,12 @@ def browser_side(store: Store, run_ids: list[str]) -> dict:
                     page.keyboard.press(arg)
                 else:  # a radio option or a checkbox, by its label
                     page.locator("label").filter(has_text=re.compile(f"^{arg}$")).first.click()
-                out["actions"].append((name, settle(page, t0, check)))
+                try:
+                    out["actions"].append((name, settle(page, t0, check)))
+                except TimeoutError:
+                    page.screenshot(path=str(ROOT / "test-artifacts" / "curves_page_timeout.png"))
+                    raise
+                print(f"  browser: {name}: {out['actions'][-1][1]:.2f}s", file=sys.stderr, flush=True)
             page.screenshot(path=str(ROOT / "test-artifacts" / f"curves_page_{len(run_ids)}runs.png"))
             figures = page.evaluate(
                 "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map("

@@ -274,6 +274,10 @@ def test_backtest_page_scores_in_percent_and_judges_by_onset(app):
     names = {t.get("name") for f in figures(at).values() for t in f["data"]}
     assert any(n and n.startswith("alert ") for n in names)  # stored alerts, one legend entry per rule
     assert "Drawing the alarms of" in plain(at.caption[0].value)  # the backtest's, open markers
+    assert "grad_norm" in at.query_params["tags"]  # the chart of the metric the rule reads is shown
+    grad = figures(at)["train/grad_norm"]
+    marks = next(t for t in grad["data"] if t.get("name") == "P1_attention_collapse (backtest)")
+    assert marks["marker"]["symbol"].endswith("-open")  # apart from the stored alerts' filled markers
 
 
 def test_the_apps_verdict_per_run_is_the_backtests(sample_store, monkeypatch):

@@ -6,6 +6,7 @@ import streamlit as st
 
 from workbench.app import PAGE, charts, data, state, untrusted
 from workbench.app.untrusted import md
+from workbench.store.aliases import glob_regex
 
 st.title("Alerts & backtest")
 gen = data.generation()
@@ -190,4 +191,6 @@ if target and st.button(label, key="bt_open_curves"):
             rule=pl.lit(f"{name} (backtest)")
         ),
     }
-    st.switch_page(PAGE["curves"].path, query_params={"run": target})
+    # the charts of the metric the rule reads (where its alarms are drawn), beside the loss
+    tags = "|".join(glob_regex(n) for n in [*data.rule_metrics(b_rules).get(rule, []), "loss"])
+    st.switch_page(PAGE["curves"].path, query_params={"run": target, "tags": tags})

@@ -124,7 +124,12 @@ def chart_grid() -> None:
     smoothing = c1.slider("Smoothing (TensorBoard EMA)", 0.0, 0.999, step=0.001, key="curves_smoothing")
     x_mode = c2.radio("x axis", data.X_MODES, horizontal=True, key="curves_x")
     log_y = c3.checkbox("log y", key="curves_log")
-    show_raw = c4.checkbox("raw line", key="curves_raw", help="The unsmoothed points, faint behind the line.")
+    show_raw = c4.checkbox(
+        "raw line",
+        key="curves_raw",
+        help=f"The unsmoothed points, faint behind the line (up to {charts.LEGEND_MAX} lines).",
+        disabled=len(sel) > charts.LEGEND_MAX,
+    )
     outliers = c5.checkbox(
         "ignore outliers",
         key="curves_outliers",
