@@ -19,10 +19,13 @@ class Page:
         return f"workbench/app/pages/{self.key}.py"
 
 
+# Emoji icons: Streamlit makes the favicon of an emoji in the page itself, while a `:material/...:`
+# icon's favicon is fetched from fonts.gstatic.com on every page change (the app makes no request
+# off the machine).
 PAGES = [
-    Page("runs", "Runs", ":material/table_rows:"),
-    Page("curves", "Curves", ":material/show_chart:"),
-    Page("backtest", "Alerts & backtest", ":material/notifications:"),
-    Page("lineage", "Lineage", ":material/account_tree:"),
+    Page("runs", "Runs", "📋"),
+    Page("curves", "Curves", "📈"),
+    Page("backtest", "Alerts & backtest", "🔔"),
+    Page("lineage", "Lineage", "🌳"),
 ]
 PAGE = {p.key: p for p in PAGES}

@@ -12,8 +12,8 @@ from workbench.app.untrusted import md
 MAX_CHARTS = 24
 PAGE_WIDTH_PX = 1300  # the wide layout's plot area at a 1440 px window
 PX_PER_BUCKET = 2  # a bucket keeps up to 4 points: 2 px each draws the same line at half the points
-POINTS_PER_CHART = 60_000  # what a sweep's lines share on one chart: each drawn in fewer buckets
-MIN_BUCKETS = 16
+POINTS_PER_CHART = 20_000  # what a sweep's lines share on one chart: each drawn in fewer buckets
+MIN_BUCKETS = 8
 ALERTS_MAX_RUNS = 20  # above this many runs, alerts start hidden (their count is shown)
 
 st.title("Curves")
