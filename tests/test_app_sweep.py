@@ -30,6 +30,13 @@ def sweep_store(tmp_path_factory) -> Store:
         (root / "runs" / seed).mkdir(parents=True)
         rows = [{"step": s, "loss": float(s if every == 1 else 100 - s)} for s in range(0, 101, every)]
         (root / "runs" / seed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # a model's per-layer gradient norms: layer 5 vanishes
+    (root / "runs" / "layers").mkdir(parents=True)
+    rows = [
+        {"step": s, **{f"grad_norm/layer_{n}": (1e-6 if n == 5 else 1.0 + n) for n in range(8)}}
+        for s in range(40)
+    ]
+    (root / "runs" / "layers" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     store = Store(root / "store")
     ingest_paths(store, root / "runs")
     return store
@@ -84,3 +91,18 @@ def test_group_mean_of_runs_on_different_step_grids(page):
     for step in range(0, 101, 10):  # logged by both runs: the mean of the two values, 50
         assert y[x == step] == pytest.approx([50.0])
     assert np.allclose(y, 50.0)  # and no zig-zag between them
+
+
+def test_a_layer_family_is_drawn_as_a_heatmap(page):
+    at = page(run=["layers"], tags="layer_0$")
+    heat = next(f for t, f in figures(at).items() if t.startswith("grad_norm/layer_*"))
+    trace = heat["data"][0]
+    assert trace["type"] == "heatmap" and values(trace["y"]).tolist() == list(range(8))
+    z = trace["z"]  # plotly sends a 2-D array as one base64 block with its shape
+    z = (
+        values(z).reshape([int(n) for n in str(z["shape"]).split(",")])
+        if isinstance(z, dict)
+        else np.array(z, float)
+    )
+    assert z.shape[0] == 8 and np.allclose(np.nanmax(z, axis=1)[:5], np.log10(1.0 + np.arange(5)))
+    assert np.nanmax(z[5]) == pytest.approx(-6)  # the vanishing layer, on a log scale

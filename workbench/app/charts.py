@@ -707,3 +707,56 @@ def parallel_figure(rows: list[dict], dims: list[str], color_by: str) -> go.Figu
     fig = go.Figure(go.Parcoords(dimensions=dimensions, line=line, labelangle=-15, labelside="top"))
     fig.update_layout(height=440, margin={"l": 60, "r": 60, "t": 90, "b": 30})
     return fig
+
+
+def layer_families(tags: list[str], least: int = 3) -> dict[str, dict[int, str]]:
+    """`…layer_N…` tags by family (the tag with its layer number as `*`): layer -> tag, for
+    families of at least `least` layers (gradient-norm flow, attention entropy, FFN statistics)."""
+    import polars as pl
+
+    parts = pl.Series(tags, dtype=pl.String).str.extract_groups(r"^(.*?layers?[_./-]?)(\d+)(\D.*)?$")
+    out: dict[str, dict[int, str]] = {}
+    for tag, p in zip(tags, parts.to_list(), strict=True):
+        if p["2"] is not None:
+            out.setdefault(f"{p['1']}*{p['3'] or ''}", {})[int(p["2"])] = tag
+    return {f: dict(sorted(layers.items())) for f, layers in out.items() if len(layers) >= least}
+
+
+def layer_heatmap(title: str, layers: dict[int, tuple[np.ndarray, np.ndarray]], bins: int = 200) -> go.Figure:
+    """One run's layer family as a heatmap, layer (y) by step (x): each layer's current points
+    averaged in `bins` equal step bins over the family's whole range (an empty bin stays blank).
+    Colour on a log10 scale when every value is positive and they span over two decades (as
+    gradient norms do), so a vanishing or exploding layer stands out."""
+    finite = [(n, s[np.isfinite(v)], v[np.isfinite(v)]) for n, (s, v) in layers.items()]
+    finite = [(n, s, v) for n, s, v in finite if len(s)]
+    if not finite:
+        return go.Figure()
+    lo = min(float(s.min()) for _, s, _ in finite)
+    hi = max(float(s.max()) for _, s, _ in finite)
+    edges = np.linspace(lo, hi if hi > lo else lo + 1, bins + 1)
+    z = np.full((len(finite), bins), np.nan)
+    for row, (_, s, v) in enumerate(finite):
+        b = np.clip(np.searchsorted(edges, s, "right") - 1, 0, bins - 1)
+        count = np.bincount(b, minlength=bins)
+        has = count > 0
+        z[row, has] = np.bincount(b, v, minlength=bins)[has] / count[has]
+    every = np.concatenate([v for _, _, v in finite])
+    log = bool(every.min() > 0 and every.max() / every.min() > 100)
+    fig = go.Figure(
+        go.Heatmap(
+            z=np.log10(z) if log else z,
+            x=(edges[:-1] + edges[1:]) / 2,
+            y=[n for n, _, _ in finite],
+            colorscale="Viridis",
+            colorbar={"title": "log10 value" if log else "value"},
+            hovertemplate="layer %{y} · step %{x:.0f}: %{z:.4g}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title={"text": txt(title), "font": {"size": 14}, "x": 0},
+        height=120 + 14 * len(finite),
+        margin={"l": 55, "r": 15, "t": 40, "b": 40},
+        xaxis_title="step",
+        yaxis_title="layer",
+    )
+    return fig

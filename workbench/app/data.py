@@ -169,6 +169,12 @@ def _as_series(gen: str, run_id: str, tag: str, df: pl.DataFrame) -> dict[str, n
     return {**out, **{f"cur_{k}": out[k] if cur is None else out[k][cur] for k in ("step", "wall", "value")}}
 
 
+def current_points(gen: str, run_id: str, tag: str) -> tuple[np.ndarray, np.ndarray]:
+    """(step, value) of a run's current points of a tag, by step (shared arrays: read-only)."""
+    s = _series(gen, run_id, tag)
+    return s["cur_step"], s["cur_value"]
+
+
 def prefetch(gen: str, pairs: list[tuple[str, str]]) -> None:
     """Read the points of several (run, tag) pairs not read yet: one scan per tag for all its
     runs (a sweep of 500 runs is one query, not 500)."""

@@ -401,6 +401,26 @@ def _events_on(events: pl.DataFrame, curves: dict, styles: dict, groups: dict) -
 
 chart_grid()
 
+families = charts.layer_families(tag_df["tag"].to_list())
+if families:
+    with st.expander(f"Per-layer heatmaps, layer × step ({len(families)} layer families)"):
+        h1, h2 = st.columns([1, 2])
+        heat_run = h1.selectbox("Run", sel, key="curves_heat_run")
+        shown_families = h2.multiselect(
+            "Families", list(families), default=list(families)[:4], key="curves_heat_families"
+        )
+        for fam in shown_families:
+            layers = families[fam]
+            data.prefetch(gen, [(heat_run, t) for t in layers.values()])
+            st.plotly_chart(
+                charts.layer_heatmap(
+                    f"{fam} · {heat_run}",
+                    {n: data.current_points(gen, heat_run, t) for n, t in layers.items()},
+                ),
+                key=f"curves_heat_{fam}",
+                width="stretch",
+            )
+
 with st.expander("Export the selection (long format: run_id, tag, step, wall_time, value, superseded)"):
     pairs = tuple((r, t) for r in sel for t in chosen)
     with_replaced = st.checkbox(
