@@ -2,6 +2,8 @@
 layout), TensorBoard smoothing, run groups with mean and band (W&B's), alerts and events on
 each chart's own curve; the whole view is kept in the URL."""
 
+import functools
+
 import numpy as np
 import polars as pl
 import streamlit as st
@@ -34,6 +36,7 @@ PARAMS = [
     state.Param("curves_group", "group", "none", choices=("none", "config", "name")),
     state.Param("curves_group_key", "by", ""),
     state.Param("curves_cols", "cols", 2, choices=(1, 2, 3)),
+    state.Param("curves_share_zoom", "xshare", True),
     state.Param("curves_alerts", "alerts", True),
     state.Param("curves_events", "events", True),
     state.Param("curves_superseded", "replaced", False),
@@ -90,6 +93,7 @@ with st.expander("Groups, layout, markers, live refresh"):
     else:
         group_key = ""
     cols = g3.selectbox("Charts per row", [1, 2, 3], key="curves_cols")
+    share_zoom = g3.checkbox("one x zoom for all charts", key="curves_share_zoom")
     m1, m2, m3, m4 = st.columns(4)
     all_alerts = data.alerts(gen, tuple(sel))
     many = len(sel) > ALERTS_MAX_RUNS
@@ -219,6 +223,12 @@ def chart_grid() -> None:
             height=420 if ncols == 1 else 330,
         )
 
+    zoom = _x_zoom(list(figures), x_mode, share_zoom)
+    for tag, fig in figures.items():  # drag across a chart: the x range it spans, kept on every change
+        fig.update_layout(dragmode="select", selectdirection="h")
+        if tag in zoom:
+            fig.update_xaxes(range=zoom[tag], autorange=False)
+
     timed = {r for cs in drawn.values() for r in cs}
     lost = [r for r in sel if r not in timed and any(r in cs for cs in curves.values())]
     if lost and x_mode != "step":
@@ -234,8 +244,45 @@ def chart_grid() -> None:
         n = min(ncols, len(tags_in))  # a section of one chart takes the whole width
         for i in range(0, len(tags_in), n):
             for col, tag in zip(st.columns(n), tags_in[i : i + n], strict=False):
-                col.plotly_chart(figures[tag], key=f"curves_chart_{tag}", width="stretch")
+                col.plotly_chart(
+                    figures[tag],
+                    key=_chart_key(x_mode, tag),
+                    width="stretch",
+                    on_select=functools.partial(_zoomed, x_mode, tag),
+                    selection_mode="box",
+                )
     st.caption(_notes(curves, timed, buckets, x_mode, show_replaced))
+
+
+def _chart_key(x_mode: str, tag: str) -> str:
+    return f"curves_chart_{x_mode}_{tag}"  # a zoom per x axis: steps and seconds do not mix
+
+
+ZOOM = "curves_zoom"  # x_mode -> tag -> the x range a user dragged across; "*": the latest, for all charts
+
+
+def _zoomed(x_mode: str, tag: str) -> None:
+    """A chart's selection changed (a user's drag, or a double-click clearing it): keep its x
+    range apart from the chart, whose own selection Streamlit drops whenever it is redrawn."""
+    try:
+        box = st.session_state[_chart_key(x_mode, tag)]["selection"]["box"]
+    except (KeyError, TypeError):
+        box = []
+    zoom = st.session_state.setdefault(ZOOM, {}).setdefault(x_mode, {})
+    if box and len(box[-1].get("x") or []) == 2:
+        zoom[tag] = zoom["*"] = sorted(box[-1]["x"])
+    else:  # a double-click: back to the whole (outlier-robust) view
+        zoom.pop(tag, None)
+        zoom.pop("*", None)
+
+
+def _x_zoom(tags: list[str], x_mode: str, shared: bool) -> dict[str, list]:
+    """tag -> the x range to show: the chart's own drag, or with `shared` the latest drag on any
+    chart (a plotly zoom would not survive: Streamlit redraws a chart on every control change)."""
+    zoom = st.session_state.get(ZOOM, {}).get(x_mode, {})
+    if shared and "*" in zoom:
+        return dict.fromkeys(tags, zoom["*"])
+    return {t: zoom[t] for t in tags if t in zoom}
 
 
 def _notes(curves: dict, timed: set, buckets: int, x_mode: str, show_replaced: bool) -> str:
