@@ -35,8 +35,11 @@ def store() -> Store:
 
 
 def generation() -> str | None:
-    gen = store().current_generation()
-    return gen.name if gen else None
+    """The store's current generation, named with the store's folder: every cached read is keyed
+    by it, so two stores in one process (WORKBENCH_STORE changed, tests) never share a cache."""
+    s = store()
+    gen = s.current_generation()
+    return f"{gen.name} of {s.root}" if gen else None
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
