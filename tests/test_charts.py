@@ -219,7 +219,7 @@ def test_curve_figure_markers_legend_and_axes():
     assert list(by_name["alert spike"].y) == [3.2] and list(by_name["overflow"].y) == [7.0]
     assert len(fig.layout.shapes) == 1  # the alert's interval
     assert fig.layout.legend.y < 0 and fig.layout.legend.yanchor == "top"  # below, clear of the title
-    assert fig.layout.hovermode == "x unified"
+    assert fig.layout.hovermode == "x unified" and fig.layout.hoversort == "value descending"
     assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.dtick == 1  # decades only across 4 decades
     assert [t.showlegend for t in fig.data if t.name in ("a", "b")] == [
         False,

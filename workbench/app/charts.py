@@ -408,6 +408,7 @@ def curve_figure(
         },
         showlegend=bool(n_legend),
         hovermode="x unified" if len(lines) <= UNIFIED_HOVER_MAX else "closest",
+        hoversort="value descending",  # the unified hover lists the lines top to bottom as drawn
         hoverlabel={"namelength": -1},
         uirevision=title,  # a box zoom survives every control change that keeps the chart
     )
