@@ -251,7 +251,7 @@ def chart_grid() -> None:
                     on_select=functools.partial(_zoomed, x_mode, tag),
                     selection_mode="box",
                 )
-    st.caption(_notes(curves, timed, buckets, x_mode, show_replaced))
+    st.caption(_notes(curves, timed, buckets, x_mode, show_replaced, len(sel) > charts.LEGEND_MAX))
 
 
 def _chart_key(x_mode: str, tag: str) -> str:
@@ -285,15 +285,21 @@ def _x_zoom(tags: list[str], x_mode: str, shared: bool) -> dict[str, list]:
     return {t: zoom[t] for t in tags if t in zoom}
 
 
-def _notes(curves: dict, timed: set, buckets: int, x_mode: str, show_replaced: bool) -> str:
+def _notes(curves: dict, timed: set, buckets: int, x_mode: str, show_replaced: bool, sweep: bool) -> str:
     """What the charts leave out or take from elsewhere, in numbers."""
     ds = [(run, d) for cs in curves.values() for run, d in cs.items()]
     total = {k: sum(d[k] for _, d in ds) for k in ("points", "replaced", "duplicates", "borrowed_times")}
-    notes = [
-        f"{total['points']:,} points; each line keeps the first, min, max and last point of each of "
-        f"{buckets} buckets ({PX_PER_BUCKET} pixels each), so spikes and NaN markers survive; "
-        "smoothing runs on the full series."
-    ]
+    if sweep:
+        drawn = (
+            f"each of the {len(sel)} lines is drawn at up to {4 * buckets} evenly spaced points of its "
+            "smoothed series (pick 20 runs or fewer for every spike)"
+        )
+    else:
+        drawn = (
+            f"each line keeps the first, min, max and last point of each of {buckets} buckets "
+            f"({PX_PER_BUCKET} pixels each), so spikes and NaN markers survive"
+        )
+    notes = [f"{total['points']:,} points; {drawn}; smoothing runs on the full series."]
     if total["replaced"]:
         shown = "shown as open circles" if show_replaced else "hidden"
         notes.append(f"{total['replaced']:,} points replaced by a resume ({shown}).")
