@@ -9,7 +9,12 @@ running and every chart has drawn (plotly's `afterplot`), with a check that the 
 Peer, in the same browser and run: bare plotly.js drawing the same figures (`Plotly.react` in
 an empty page), the floor for any page that draws them.
 
-    python benchmarks/curves_page.py [--runs 10] [--steps 1000000] [--store DIR]
+    python benchmarks/curves_page.py [--runs 10] [--points 1000000] [--store DIR]
+    python benchmarks/curves_page.py --runs 500 --points 2000     # a sweep
+
+The last line: `curves_page: runs=N first_view=X.XXs worst_change=Y.YYs bare_plotly=Z.ZZs`
+(browser seconds; first view with cold server caches). Requests the page makes to any host but
+the app's own are counted (the app must make none).
 """
 
 from __future__ import annotations
@@ -52,10 +57,14 @@ def build(root: Path, runs: int, steps: int) -> Store:
             t = np.arange(steps)
             y = 1 + 3 * np.exp(-t / (steps / 5)) + rng.normal(0, 0.05, steps)
             y[rng.choice(steps, 5, replace=False)] += 5
-            run = f"run_{i:02d}"
+            run = run_id(i)
             write_run(w, run, Points([TAG], np.zeros(steps, np.int32), t, 1.7e9 + t * 0.5, y))
         w.commit()
     return store
+
+
+def run_id(i: int) -> str:
+    return f"run_{i:02d}"
 
 
 # (name, how a user does it, what the page shows afterwards: a JS predicate over the first chart)
@@ -72,6 +81,13 @@ ACTIONS = [
     ("raw line off", "click:raw line", "gd => gd.data.every(t => t.opacity !== 0.25)"),
     ("smoothing back to 0.600", "slider:ArrowLeft", "gd => gd.data.length > 0"),
 ]
+
+
+def actions(runs: int) -> list[tuple[str, str, str]]:
+    """The actions that change what a chart of this many runs shows (a sweep has no raw lines)."""
+    from workbench.app.charts import LEGEND_MAX
+
+    return [a for a in ACTIONS if runs <= LEGEND_MAX or a[0] != "raw line off"]
 
 
 def server_side(run_ids: list[str]) -> tuple[float, list[tuple[str, float]]]:
@@ -96,7 +112,7 @@ def server_side(run_ids: list[str]) -> tuple[float, list[tuple[str, float]]]:
         "smoothing back to 0.600": lambda: at.slider(key="curves_smoothing").set_value(0.6),
     }
     out = []
-    for name, _, _ in ACTIONS:
+    for name, _, _ in actions(len(run_ids)):
         t0 = time.perf_counter()
         steps[name]().run()
         out.append((name, time.perf_counter() - t0))
@@ -182,10 +198,21 @@ def browser_side(store: Store, run_ids: list[str]) -> dict:
                     break
             except OSError:
                 time.sleep(0.5)
-        all_lines = f"gd => gd.data.filter(t => (t.name || '').startsWith('run_')).length === {len(run_ids)}"
+        # every run drawn: a trace named after it, or (a sweep, one trace per colour) named in its hover
+        all_lines = (
+            "gd => new Set(gd.data.flatMap(t => (t.name || '').startsWith('run_') ? [t.name] : "
+            f"(Array.isArray(t.text) ? t.text : []))).size === {len(run_ids)}"
+        )
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM)
             page = browser.new_page(viewport={"width": 1440, "height": 900})
+            out["off_machine"] = []
+            page.on(
+                "request",
+                lambda r: (
+                    None if r.url.startswith((base, "data:", "blob:")) else out["off_machine"].append(r.url)
+                ),
+            )
             page.goto(base + "/")  # load Streamlit and plotly's bundle once, as a user already in the app
             page.wait_for_selector(
                 '[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=120_000
@@ -193,9 +220,10 @@ def browser_side(store: Store, run_ids: list[str]) -> dict:
             page.goto(url)
             page.evaluate("() => { window.__lastPlot = 0; }")
             out["first_view_cold"] = settle(page, 0.0, all_lines)  # the server reads every point here
+            print(f"  browser: first view {out['first_view_cold']:.2f}s", file=sys.stderr, flush=True)
             page.reload()
             out["first_view_warm"] = settle(page, 0.0, all_lines)
-            for name, how, check in ACTIONS:
+            for name, how, check in actions(len(run_ids)):
                 kind, arg = how.split(":")
                 t0 = page.evaluate("performance.now()")
                 if kind == "slider":
@@ -203,8 +231,13 @@ def browser_side(store: Store, run_ids: list[str]) -> dict:
                     page.keyboard.press(arg)
                 else:  # a radio option or a checkbox, by its label
                     page.locator("label").filter(has_text=re.compile(f"^{arg}$")).first.click()
-                out["actions"].append((name, settle(page, t0, check)))
-            page.screenshot(path=str(ROOT / "test-artifacts" / "curves_page_10x1M.png"))
+                try:
+                    out["actions"].append((name, settle(page, t0, check)))
+                except TimeoutError:
+                    page.screenshot(path=str(ROOT / "test-artifacts" / "curves_page_timeout.png"))
+                    raise
+                print(f"  browser: {name}: {out['actions'][-1][1]:.2f}s", file=sys.stderr, flush=True)
+            page.screenshot(path=str(ROOT / "test-artifacts" / f"curves_page_{len(run_ids)}runs.png"))
             figures = page.evaluate(
                 "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map("
                 "gd => JSON.stringify({data: gd.data, layout: gd.layout}))"
@@ -243,7 +276,7 @@ def bare_plotly(browser, figures: list[str]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--points", "--steps", dest="steps", type=int, default=1_000_000, help="points per run")
     ap.add_argument("--store", type=Path, help="reuse (or create) the synthetic store here")
     args = ap.parse_args()
     tmp = None
@@ -253,7 +286,7 @@ def main() -> None:
         tmp = None if args.store else Path(tempfile.mkdtemp())
         store = build(args.store or tmp / "store", args.runs, args.steps)
     os.environ["WORKBENCH_STORE"] = str(store.root)
-    run_ids = [f"run_{i:02d}" for i in range(args.runs)]
+    run_ids = [run_id(i) for i in range(args.runs)]
     (ROOT / "test-artifacts").mkdir(exist_ok=True)
     first, server = server_side(run_ids)
     browser = browser_side(store, run_ids) if os.path.exists(CHROMIUM) else None
@@ -280,9 +313,17 @@ def main() -> None:
             f"figure JSON on the page {browser['message_bytes'] / 1e6:.2f} MB"
         )
         print(f"targets: every control change < 1.5 s (slowest {worst:.2f}s), first view < 3 s")
+        print(f"requests to other hosts: {len(browser['off_machine'])} {browser['off_machine'][:5]}")
         print(json.dumps({"server": dict(server), **browser}, default=float))
+        print(
+            f"curves_page: runs={args.runs} first_view={browser['first_view_cold']:.2f}s "
+            f"worst_change={worst:.2f}s bare_plotly={peer:.2f}s"
+        )
     else:
         print(f"(no browser side: {CHROMIUM} is missing)")
+        print(
+            f"curves_page: runs={args.runs} first_view={first:.2f}s (server) worst_change={max(s for _, s in server):.2f}s (server)"
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from conftest import ingest_paths
 from streamlit.testing.v1 import AppTest
 
+from workbench.app import data
 from workbench.store import Store
 
 ROOT = Path(__file__).parent.parent
@@ -56,6 +58,11 @@ def values(arr) -> np.ndarray:
     if isinstance(arr, dict):
         return np.frombuffer(base64.b64decode(arr["bdata"]), dtype=np.dtype(arr["dtype"])).astype(float)
     return np.asarray(arr, dtype=float)
+
+
+def plain(markdown: str) -> str:
+    """What a user reads of a message the app escaped for markdown."""
+    return re.sub(r"\\(.)", r"\1", markdown)
 
 
 def line(fig: dict, name: str) -> dict:
@@ -153,7 +160,9 @@ def test_wall_time_comes_from_another_source_of_the_same_step(app, sample_store)
     assert np.allclose(
         values(line(fig, "healthy_seed1_wide")["x"]) - offset, own["wall_time"].to_numpy() * 1000, atol=1
     )
-    assert "keras_csvlogger_appended" in at.warning[0].value  # named, not drawn by step under a time title
+    assert "keras_csvlogger_appended" in plain(
+        at.warning[0].value
+    )  # named, not drawn by step under a time title
     assert "take their wall time from another source" in at.caption[-1].value
     at.radio(key="curves_x").set_value("relative time").run()
     fig = figures(at)["train/loss"]
@@ -180,19 +189,24 @@ def test_replaced_points_are_resumes_only(app, sample_store):
     assert f"{duplicates:,} points are the same step logged by another source" in caption
 
 
-def test_markers_sit_on_their_own_charts_curve(app):
+def test_alerts_sit_on_the_chart_of_the_metric_that_fired(app, sample_store):
     at = app("curves", run=["attention_collapse"], tags="^train/(loss|grad_norm)$", smooth="0")
+    reads_of = data.rule_metrics()
+    drawn = {}
     for tag, fig in figures(at).items():
         curve = line(fig, "attention_collapse")
         x, y = values(curve["x"]), values(curve["y"])
-        alerts = next(t for t in fig["data"] if t.get("name") == "alert")
-        for ax, ay in zip(alerts["x"], alerts["y"], strict=True):
-            assert ay == pytest.approx(np.interp(ax, x, y), rel=1e-4), (
-                tag
-            )  # on this chart's curve, not the loss
-    grad = next(t for t in figures(at)["train/grad_norm"]["data"] if t.get("name") == "alert")
-    loss = next(t for t in figures(at)["train/loss"]["data"] if t.get("name") == "alert")
-    assert grad["x"] == loss["x"] and max(grad["y"]) < min(loss["y"])
+        for t in fig["data"]:
+            if not (t.get("name") or "").startswith("alert "):
+                continue
+            rule = t["name"].removeprefix("alert ")
+            assert tag.split("/")[-1] in reads_of[rule], (rule, tag)  # not a loss alert on grad_norm
+            drawn.setdefault(rule, set()).add(tag)
+            for ax, ay in zip(t["x"], t["y"], strict=True):
+                assert ay == pytest.approx(np.interp(ax, x, y), rel=1e-4), tag  # on this chart's curve
+    stored = sample_store.query("SELECT DISTINCT rule FROM alerts WHERE run_id = 'attention_collapse'")
+    assert drawn and set(drawn) <= set(stored["rule"])
+    assert all(len(tags) == 1 for tags in drawn.values())
 
 
 def test_samples_series_is_drawn_in_steps_with_its_events(app):
@@ -230,7 +244,14 @@ def test_live_refresh_toggle(app):
 def test_backtest_page_scores_in_percent_and_judges_by_onset(app):
     at = app("backtest")  # results on arrival, as `workbench backtest` prints them
     scores = at.dataframe[0].value
-    assert list(scores.columns[:3]) == ["rule", "params", "recall"]
+    # what a user decides by first; the wide params last, the intervals on request
+    assert list(scores.columns[:4]) == [
+        "rule",
+        "trigger_rate_failed",
+        "trigger_rate_healthy",
+        "false_alarms_per_1k",
+    ]
+    assert scores.columns[-1] == "params" and not any("_ci_" in c for c in scores.columns)
     p1 = scores[scores["rule"] == "P1_attention_collapse"].iloc[0]
     assert 1 < p1["recall"] <= 100  # a percentage, as the CLI prints it (P1 detects attention_collapse)
     assert len(at.get("plotly_chart")) == 1  # the sweep chart
@@ -251,7 +272,12 @@ def test_backtest_page_scores_in_percent_and_judges_by_onset(app):
     at.button(key="bt_open_curves").click().run()
     assert at.title[0].value == "Curves" and not at.exception
     names = {t.get("name") for f in figures(at).values() for t in f["data"]}
-    assert "alert" in names
+    assert any(n and n.startswith("alert ") for n in names)  # stored alerts, one legend entry per rule
+    assert "Drawing the alarms of" in plain(at.caption[0].value)  # the backtest's, open markers
+    assert "grad_norm" in at.query_params["tags"]  # the chart of the metric the rule reads is shown
+    grad = figures(at)["train/grad_norm"]
+    marks = next(t for t in grad["data"] if t.get("name") == "P1_attention_collapse (backtest)")
+    assert marks["marker"]["symbol"].endswith("-open")  # apart from the stored alerts' filled markers
 
 
 def test_the_apps_verdict_per_run_is_the_backtests(sample_store, monkeypatch):
@@ -308,7 +334,7 @@ def test_backtest_rule_errors_name_the_rule_text(app):
     at.radio(key="bt_source").set_value("my rules (TOML)").run()
     at.text_area(key="bt_rules_text").input('[[rule]]\nid = "x"\nwhen = "loss >"').run()
     at.button(key="bt_run").click().run()
-    message = at.error[0].value
+    message = plain(at.error[0].value)
     assert message.startswith("the rule text: rule #1 (x)") and "/tmp" not in message
 
 
@@ -358,3 +384,19 @@ def test_store_without_labels_alerts_or_lineage_shows_empty_states(tmp_path, mon
     at = AppTest.from_file(APP, default_timeout=60).run()
     at.switch_page("workbench/app/pages/curves.py").run()
     assert not at.exception and figures(at)["loss"]  # a store without alerts still draws
+
+
+def test_export_is_one_row_per_step_with_the_runs_wall_times(sample_store, monkeypatch):
+    import io
+
+    monkeypatch.setenv("WORKBENCH_STORE", str(sample_store.root))
+    pair = (("attention_collapse", "train/loss"),)  # logged by TensorBoard and JSONL (no wall times)
+    gen = data.generation()
+    rows = pl.read_csv(io.BytesIO(data.export(gen, pair, "csv")))
+    current = sample_store.query(
+        "SELECT count(*) n FROM scalars WHERE run_id = 'attention_collapse' AND tag = 'train/loss'"
+    )["n"][0]
+    assert rows.height == current and rows["step"].is_unique().all()
+    assert rows["wall_time"].null_count() == 0  # taken from the source that logged the step
+    everything = pl.read_csv(io.BytesIO(data.export(gen, pair, "csv", True)))
+    assert everything.height > rows.height and everything.filter(~pl.col("superseded")).height == rows.height

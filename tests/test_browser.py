@@ -1,10 +1,11 @@
 """The main flows in a real browser: Playwright driving Debian's Chromium against `streamlit run`.
 
-Select runs on Runs and open them in Curves; switch the x axis to relative and wall time on a
+Select runs on Runs and open them in Curves; box-zoom a chart and keep the zoom through a
+smoothing change; switch the x axis to relative and wall time on a
 run whose current points come from JSONL (no wall times of their own) and on a TensorBoard run;
 reload the URL and get the same view; run the backtest and show the runs where a rule fired on
 the curves; the lineage of a resumed run; live refresh during an ingest. A screenshot of each step goes to
-test-artifacts/browser/. Skips only where /usr/bin/chromium is missing (CI installs it).
+test-artifacts/browser/. No request leaves the machine (favicon, fonts). Skips only where /usr/bin/chromium is missing (CI installs it).
 """
 
 from __future__ import annotations
@@ -125,6 +126,11 @@ def test_main_flows(server, store, tmp_path):
             ],
         )
         page = browser.new_page(viewport={"width": 1440, "height": 1400})
+        elsewhere = []  # requests to any host but the app (the favicon, fonts): there must be none
+        page.on(
+            "request",
+            lambda r: None if r.url.startswith((server, "data:", "blob:")) else elsewhere.append(r.url),
+        )
 
         # Runs: filter, tick two rows in the grid, open them in Curves
         n = store.query("SELECT count(*) n FROM runs")["n"][0]
@@ -145,6 +151,23 @@ def test_main_flows(server, store, tmp_path):
         wait_for_chart(page, lines_of("healthy_seed1_wide"))
         assert "run=attention_collapse" in page.url and "run=healthy_seed1_wide" in page.url
         shot(page, "2_curves_from_runs")
+
+        # a zoom survives a control change: drag across the first chart (its x range is kept), then smooth
+        area = page.locator(".js-plotly-plot .nsewdrag").first.bounding_box()
+        y = area["y"] + area["height"] / 2
+        page.mouse.move(area["x"] + area["width"] * 0.3, y)
+        page.mouse.down()
+        page.mouse.move(area["x"] + area["width"] * 0.6, y, steps=8)
+        page.mouse.up()
+        x_range = "() => document.querySelector('.js-plotly-plot').layout.xaxis.range.map(Number)"
+        wait_for_chart(page, "gd => gd.layout.xaxis.autorange === false")  # the server drew the range
+        zoomed = page.evaluate(x_range)
+        page.get_by_role("slider").first.focus()
+        page.keyboard.press("ArrowRight")
+        page.wait_for_function("() => location.search.includes('smooth=0.601')", timeout=WAIT_MS)
+        wait_for_chart(page, lines_of("attention_collapse"))
+        assert page.evaluate(x_range) == pytest.approx(zoomed)
+        shot(page, "2b_zoom_kept_after_smoothing")
 
         # x axis: relative, then wall time; both runs drawn on both (JSONL run: times from TensorBoard)
         page.locator("label").filter(has_text=re.compile("^relative time$")).click()
@@ -178,7 +201,7 @@ def test_main_flows(server, store, tmp_path):
         show.click()
         wait_for_chart(
             page,
-            "gd => gd.data.some(t => t.name === 'alert' && (t.text || []).some(s => s.includes('(backtest)')))",
+            "gd => gd.data.some(t => (t.name || '').endsWith('(backtest)'))",
         )
         assert "run=attention_collapse" in page.url
         shot(page, "7_fired_runs_on_curves")
@@ -204,3 +227,4 @@ def test_main_flows(server, store, tmp_path):
         page.get_by_text(f"{n + 1} of {n + 1} runs").wait_for(timeout=WAIT_MS)
         shot(page, "9_live_refresh")
         browser.close()
+    assert elsewhere == []

@@ -101,19 +101,24 @@ def _lab(hex_colour: str) -> np.ndarray:
     return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
 
 
-def test_run_colours_by_position_and_distinguishable_at_20():
-    runs = [f"run{i}" for i in range(20)]
+def test_palette_colours_are_distinguishable():
+    closest = min(np.linalg.norm(_lab(a) - _lab(b)) for a, b in itertools.combinations(charts.PALETTE, 2))
+    assert len(set(charts.PALETTE)) == 20 and closest > 25  # CIELAB ΔE76: clearly different side by side
+
+
+def test_run_colours_follow_the_name_not_the_selection():
+    runs = [f"run{i}" for i in range(30)]
     styles = charts.line_styles(runs)
-    colours = [styles[r][0] for r in runs]
-    assert len(set(colours)) == 20
-    closest = min(np.linalg.norm(_lab(a) - _lab(b)) for a, b in itertools.combinations(colours, 2))
-    assert closest > 25  # CIELAB ΔE76: clearly different side by side
-    # the two runs that shared a colour under the old hash: apart by position
-    pair = charts.line_styles(["diverge_nan", "fp16_overflow_storm"])
-    assert pair["diverge_nan"] != pair["fp16_overflow_storm"]
-    assert charts.line_styles(runs) == styles  # stable while the selection is
-    more = charts.line_styles([f"r{i}" for i in range(25)])
-    assert more["r20"][0] == more["r0"][0] and more["r20"][1] != more["r0"][1]  # past 20: another dash
+    assert all(styles[r][0] == charts.colour_of(r) for r in runs)
+    # removing a run, or picking others beside it, never recolours a run
+    for removed in runs[:5]:
+        rest = charts.line_styles([r for r in runs if r != removed])
+        assert all(rest[r][0] == styles[r][0] for r in rest)
+    assert charts.line_styles(["run7"])["run7"][0] == styles["run7"][0]
+    # two names of one colour differ in dash, in any order
+    a, b = next((a, b) for a, b in itertools.combinations(runs, 2) if styles[a][0] == styles[b][0])
+    pair = charts.line_styles([a, b])
+    assert pair[a][0] == pair[b][0] and pair[a][1] != pair[b][1]
 
 
 def test_band_is_mean_and_min_max_per_bucket():
@@ -125,6 +130,52 @@ def test_band_is_mean_and_min_max_per_bucket():
     shorter = charts.band([x, x[:5]], [a, b[:5]], buckets=10)  # a run that stopped early leaves the mean
     assert shorter["mean"].tolist()[5:] == [0.0] * 5
     assert charts.band([x], [np.full(10, np.nan)]) is None
+
+
+def test_group_mean_of_runs_on_different_step_grids_is_the_true_mean():
+    # one run logs every step, the other every 10th (as two JSONL runs grouped by name):
+    # the mean is taken on one grid, each run interpolated onto it, so it does not zig-zag
+    every = np.arange(0, 101)
+    tenth = np.arange(0, 101, 10)
+    band = charts.band([every, tenth], [every * 1.0, 100.0 - tenth], buckets=500)
+    mean = dict(zip(band["x"].tolist(), band["mean"].tolist(), strict=True))
+    for step in tenth:  # logged by both: exactly the mean of the two logged values
+        assert mean[float(step)] == 50.0
+    assert np.allclose(band["mean"], 50.0)  # in between too (the 10-step run interpolated)
+    assert band["runs"].min() == 2
+    # a long grid is evened out to 4 x buckets points, still the mean of the lines
+    long = np.arange(0, 100_000)
+    wide = charts.band([long, long[::7]], [long * 1.0, 100_000.0 - long[::7]], buckets=100)
+    assert len(wide["x"]) == 400 and np.allclose(wide["mean"][wide["x"] <= long[::7][-1]], 50_000.0)
+
+
+def test_a_sweep_is_drawn_in_one_trace_per_colour_with_names_in_the_hover():
+    runs = [f"run_{i:03d}" for i in range(200)]
+    lines = [
+        {**_line(r, np.arange(50), np.linspace(3, 1, 50) + i / 100), "color": charts.colour_of(r)}
+        for i, r in enumerate(runs)
+    ]
+    fig = charts.curve_figure("loss", lines)
+    traces = [t for t in fig.data if t.mode == "lines"]
+    assert len(traces) == len({charts.colour_of(r) for r in runs}) <= 20  # not 400 (raw lines too)
+    assert fig.layout.hovermode == "closest"
+    assert {n for t in traces for n in t.text} == set(runs)  # the hover names the nearest run
+    assert sum(int(np.isnan(np.asarray(t.x, float)).sum()) for t in traces) == len(runs)  # lines apart
+    few = charts.curve_figure("loss", lines[:5], legend_lines=True)
+    named = [t for t in few.data if t.name in runs[:5]]
+    assert len(named) == 5 and all(t.showlegend for t in named)  # a legend to hide or solo a run
+    assert all(t.legendgroup == t.name for t in named)  # its raw line hides with it
+
+
+def test_names_and_titles_are_text_in_plotly():
+    evil = '<a href="http://host/">CLICKME</a>'
+    fig = charts.curve_figure(
+        evil, [_line(evil + " %{y}", np.arange(10), np.arange(10.0))], legend_lines=True
+    )
+    assert "<a" not in fig.layout.title.text and "&lt;a href" in fig.layout.title.text
+    smooth = next(t for t in fig.data if t.mode == "lines" and t.showlegend)
+    assert "<a" not in smooth.name and "<a" not in smooth.hovertemplate
+    assert "%{y}" not in smooth.hovertemplate.split(":")[0]  # the name's %{y} is not a template field
 
 
 def test_time_unit_keeps_numbers_readable():
@@ -161,21 +212,19 @@ def test_curve_figure_markers_legend_and_axes():
     events = [{"x": 10, "y": 7.0, "kind": "overflow", "run": "b", "color": "#222222", "message": "OVERFLOW"}]
     fig = charts.curve_figure("loss", lines, log_y=True, alerts=alerts, events=events, ignore_outliers=False)
     by_name = {t.name: t for t in fig.data if t.name}
-    assert {"a", "b", "NaN/Inf", "alert", "overflow"} <= set(by_name)
+    assert {"a", "b", "NaN/Inf", "alert spike", "overflow"} <= set(by_name)
     nan = by_name["NaN/Inf"]
     assert nan.showlegend and nan.cliponaxis is False and list(nan.x) == [99]
     assert nan.y[0] == pytest.approx(1000)  # pinned to the top of the drawn values, not clipped off
-    assert list(by_name["alert"].y) == [3.2] and list(by_name["overflow"].y) == [7.0]
+    assert list(by_name["alert spike"].y) == [3.2] and list(by_name["overflow"].y) == [7.0]
     assert len(fig.layout.shapes) == 1  # the alert's interval
-    assert (
-        fig.layout.legend.y >= 1 and fig.layout.legend.yanchor == "bottom"
-    )  # above the plot, clear of the x title
-    assert fig.layout.hovermode == "x unified"
+    assert fig.layout.legend.y < 0 and fig.layout.legend.yanchor == "top"  # below, clear of the title
+    assert fig.layout.hovermode == "x unified" and fig.layout.hoversort == "value descending"
     assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.dtick == 1  # decades only across 4 decades
     assert [t.showlegend for t in fig.data if t.name in ("a", "b")] == [
         False,
         False,
-    ]  # runs: the page's colour key
+    ]  # runs: in the legend only when asked
     short = charts.curve_figure("lr", [_line("a", np.arange(20), np.linspace(2, 3, 20))], log_y=True)
     assert short.layout.yaxis.dtick == "D2"  # within a decade: 2 and 5 only
 

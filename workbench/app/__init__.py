@@ -11,7 +11,7 @@ from dataclasses import dataclass
 class Page:
     key: str  # the page's file name under workbench/app/pages/, and its widget-key prefix
     title: str
-    icon: str
+    icon: str | None
 
     @property
     def path(self) -> str:
@@ -19,10 +19,13 @@ class Page:
         return f"workbench/app/pages/{self.key}.py"
 
 
+# No page icons: a `:material/...:` icon's favicon is fetched from fonts.gstatic.com on every page
+# change, and an emoji needs an emoji font the machine may lack; Streamlit's own favicon is served
+# by the app (it makes no request off the machine).
 PAGES = [
-    Page("runs", "Runs", ":material/table_rows:"),
-    Page("curves", "Curves", ":material/show_chart:"),
-    Page("backtest", "Alerts & backtest", ":material/notifications:"),
-    Page("lineage", "Lineage", ":material/account_tree:"),
+    Page("runs", "Runs", None),
+    Page("curves", "Curves", None),
+    Page("backtest", "Alerts & backtest", None),
+    Page("lineage", "Lineage", None),
 ]
 PAGE = {p.key: p for p in PAGES}

@@ -8,11 +8,14 @@ length, which keeps every control change a small message and a fast redraw in an
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 from scipy.signal import lfilter
+
+from workbench.app.untrusted import plotly as txt
 
 # 20 colours, the first 10 Tableau's (what TensorBoard and matplotlib users know), the rest
 # picked to stay apart from them: every pair is at least 27 CIELAB units apart.
@@ -38,7 +41,10 @@ PALETTE = [
     "#008856",
     "#86ce00",
 ]
-DASHES = ["solid", "dot", "dash", "dashdot"]  # past 20 lines the colours repeat with another dash
+DASHES = ["solid", "dot", "dash", "dashdot"]
+LEGEND_MAX = 20  # up to this many lines: one trace each, a legend to hide (click) or solo (double-click)
+UNIFIED_HOVER_MAX = 10  # up to this many lines the hover lists them all at an x, sorted by value
+ALERT_SYMBOLS = ["triangle-up", "triangle-down", "square", "pentagon", "hexagram", "star-diamond", "bowtie"]
 EVENT_STYLE = {  # kind -> (marker symbol, colour)
     "overflow": ("triangle-down", "#d62728"),
     "min_loss_scale": ("x", "#d62728"),
@@ -60,12 +66,24 @@ STATUS_COLOR = {
 }
 
 
+def colour_of(key: str) -> str:
+    """A run's (or group's) colour, from its name alone: the same in every selection, after a
+    reload and in a shared link, whatever else is drawn beside it."""
+    return PALETTE[zlib.crc32(key.encode()) % len(PALETTE)]
+
+
 def line_styles(keys: list[str]) -> dict[str, tuple[str, str]]:
-    """(colour, dash) per run or group, by position in the selection: stable while the selection
-    is, and no two of the first 20 alike (a hash of the name collides long before that)."""
-    return {
-        k: (PALETTE[i % len(PALETTE)], DASHES[(i // len(PALETTE)) % len(DASHES)]) for i, k in enumerate(keys)
-    }
+    """(colour, dash) per run or group: the colour from the name (`colour_of`), solid lines;
+    a name that shares its colour with an earlier one in `keys` is dotted (or dashed ...), so two
+    lines that look alike differ in dash, and removing a run never restyles another that
+    did not share its colour."""
+    seen: dict[str, int] = {}
+    out = {}
+    for k in keys:
+        c = colour_of(k)
+        out[k] = (c, DASHES[seen.get(c, 0) % len(DASHES)])
+        seen[c] = seen.get(c, 0) + 1
+    return out
 
 
 def tb_smooth(values: np.ndarray, weight: float) -> np.ndarray:
@@ -87,6 +105,28 @@ def tb_smooth(values: np.ndarray, weight: float) -> np.ndarray:
         return ema
     out = v.copy()
     out[finite] = ema
+    return out
+
+
+def tb_smooth_many(series: list[np.ndarray], weight: float) -> list[np.ndarray]:
+    """`tb_smooth` of each series; the finite, non-constant ones of one length in one filter
+    call (a sweep's runs all log the same steps: 500 runs cost one pass, not 500 calls)."""
+    out: list = [None] * len(series)
+    by_len: dict[int, list[int]] = {}
+    for i, v in enumerate(series):
+        v = np.asarray(v, dtype=np.float64)
+        if weight <= 0 or len(v) < 2 or not np.isfinite(v).all() or v.min() == v.max():
+            out[i] = tb_smooth(v, weight)
+        else:
+            by_len.setdefault(len(v), []).append(i)
+    for n, idx in by_len.items():
+        block = np.stack([np.asarray(series[i], np.float64) for i in idx])
+        block = lfilter([1.0 - weight], [1.0, -weight], block, axis=1)
+        if weight < 1:
+            m = min(n, int(math.log(1e-17) / math.log(weight)) + 1)
+            block[:, :m] /= 1.0 - weight ** np.arange(1, m + 1)
+        for row, i in enumerate(idx):
+            out[i] = block[row]
     return out
 
 
@@ -150,34 +190,44 @@ def prepare_curve(
 
 
 def band(xs: list[np.ndarray], ys: list[np.ndarray], buckets: int = 500) -> dict | None:
-    """A group of runs as W&B draws it: per x bucket the mean over runs of each run's bucket
-    mean, and the min..max over every point of every run in the bucket (spikes stay in the band)."""
+    """A group of runs as W&B draws it, on one x grid shared by every run: each run's line is
+    linearly interpolated onto the grid inside its own x range (never extrapolated), then the
+    mean over the runs that reach each grid x, and the min..max over them as the band. The grid
+    is every x some run logged when they are few (so at a step every run logged the mean is
+    exactly the mean of the logged values), else `4 * buckets` even steps over the whole range.
+    Runs logging at different steps (every step, every 10th) thus average like with like."""
     pairs = [(np.asarray(x, np.float64), np.asarray(y, np.float64)) for x, y in zip(xs, ys, strict=True)]
-    pairs = [(x[np.isfinite(y)], y[np.isfinite(y)]) for x, y in pairs]
-    pairs = [(x, y) for x, y in pairs if len(x)]
+    pairs = [(x[np.isfinite(y) & np.isfinite(x)], y[np.isfinite(y) & np.isfinite(x)]) for x, y in pairs]
+    pairs = [
+        (x, y)
+        if np.all(np.diff(x) >= 0)
+        else (x[np.argsort(x, kind="stable")], y[np.argsort(x, kind="stable")])
+        for x, y in pairs
+        if len(x)
+    ]
     if not pairs:
         return None
-    lo_x, hi_x = min(x.min() for x, _ in pairs), max(x.max() for x, _ in pairs)
-    edges = np.linspace(lo_x, hi_x if hi_x > lo_x else lo_x + 1, buckets + 1)
-    means = np.full((len(pairs), buckets), np.nan)
-    mins = np.full(buckets, np.inf)
-    maxs = np.full(buckets, -np.inf)
-    for i, (x, y) in enumerate(pairs):
-        b = np.clip(np.searchsorted(edges, x, "right") - 1, 0, buckets - 1)
-        count = np.bincount(b, minlength=buckets)
-        has = count > 0
-        means[i, has] = np.bincount(b, y, minlength=buckets)[has] / count[has]
-        np.minimum.at(mins, b, y)
-        np.maximum.at(maxs, b, y)
-    has = np.isfinite(mins)
-    centre = (edges[:-1] + edges[1:]) / 2
-    with np.errstate(invalid="ignore"):
-        mean = np.nanmean(means[:, has], axis=0)
+    grid = np.unique(np.concatenate([x for x, _ in pairs]))
+    if len(grid) > 4 * buckets:
+        grid = np.linspace(grid[0], grid[-1], 4 * buckets)
+    total = np.zeros(len(grid))
+    count = np.zeros(len(grid))
+    lo = np.full(len(grid), np.inf)
+    hi = np.full(len(grid), -np.inf)
+    for x, y in pairs:
+        inside = (grid >= x[0]) & (grid <= x[-1])
+        v = np.interp(grid[inside], x, y)
+        total[inside] += v
+        count[inside] += 1
+        lo[inside] = np.minimum(lo[inside], v)
+        hi[inside] = np.maximum(hi[inside], v)
+    has = count > 0
     return {
-        "x": compact(centre[has]),
-        "mean": compact(mean),
-        "lo": compact(mins[has]),
-        "hi": compact(maxs[has]),
+        "x": compact(grid[has]),
+        "mean": compact(total[has] / count[has]),
+        "lo": compact(lo[has]),
+        "hi": compact(hi[has]),
+        "runs": compact(count[has].astype(np.int64)),
     }
 
 
@@ -227,8 +277,13 @@ def curve_figure(
     `lines`: dicts with name, color, dash and the arrays of `prepare_curve` (optionally sup_x and
     sup_y for replaced points, band for a group). `alerts`/`events` are placed by the caller, in
     this chart's x units and on this chart's curve (x, y; alerts also x0, x1). `vlines`: (x, text)
-    drawn as dashed verticals (resumes on a stitched curve). The hover shows every line at the
-    hovered x, as W&B does.
+    drawn as dashed verticals (resumes on a stitched curve). Names and the title are shown as
+    text (plotly's HTML subset escaped).
+
+    Up to LEGEND_MAX lines each is a trace of its own with `legend_lines` (click a name to hide
+    it, double-click to solo it; its colour stays); beyond, the lines of one colour are drawn as
+    one trace (a sweep of 500 runs is 20 traces, not 1000) without raw lines, and the hover names
+    the nearest line. The hover lists every line at the hovered x only while they are few.
     """
     fig = go.Figure()
     legend_seen: set[str] = set()
@@ -236,49 +291,60 @@ def curve_figure(
     def legend(group: str) -> dict:
         first = group not in legend_seen
         legend_seen.add(group)
-        return {"legendgroup": group, "showlegend": first, "name": group}
+        return {"legendgroup": group, "showlegend": first, "name": txt(group)}
 
-    visible: list[np.ndarray] = []
+    bundled = len(lines) > LEGEND_MAX
+    legend_lines = legend_lines and not bundled
     for ln in lines:
-        line = {"color": ln["color"], "dash": ln.get("dash", "solid")}
-        if ln.get("band") is not None:
-            b = ln["band"]
-            fig.add_trace(
-                go.Scatter(
-                    x=np.r_[b["x"], b["x"][::-1]],
-                    y=np.r_[b["hi"], b["lo"][::-1]],
-                    fill="toself",
-                    fillcolor=ln["color"],
-                    opacity=0.18,
-                    line={"width": 0},
-                    hoverinfo="skip",
-                    showlegend=False,
-                )
-            )
-        if show_raw and smoothing > 0 and len(ln.get("raw_x", ())):
-            fig.add_trace(
-                go.Scatter(
-                    x=ln["raw_x"],
-                    y=ln["raw_y"],
-                    mode="lines",
-                    line={**line, "width": 1},
-                    opacity=0.25,
-                    hoverinfo="skip",
-                    showlegend=False,
-                )
-            )
+        if ln.get("band") is None:
+            continue
+        b = ln["band"]
         fig.add_trace(
             go.Scatter(
-                x=ln["smooth_x"],
-                y=ln["smooth_y"],
-                mode="lines",
-                line={**line, "width": 2},
-                name=ln["name"],
-                showlegend=legend_lines,
-                hovertemplate=f"{ln['name']}: %{{y:.5g}}<extra></extra>",
+                x=np.r_[b["x"], b["x"][::-1]],
+                y=np.r_[b["hi"], b["lo"][::-1]],
+                fill="toself",
+                fillcolor=ln["color"],
+                opacity=0.18,
+                line={"width": 0},
+                hoverinfo="skip",
+                showlegend=False,
+                legendgroup=ln["name"],
             )
         )
-        visible.append(np.asarray(ln["smooth_y"], np.float64))
+    if bundled:
+        _add_bundles(fig, lines)
+    else:
+        for ln in lines:
+            line = {"color": ln["color"], "dash": ln.get("dash", "solid")}
+            name = txt(ln["name"])
+            if show_raw and smoothing > 0 and len(ln.get("raw_x", ())):
+                fig.add_trace(
+                    go.Scatter(
+                        x=ln["raw_x"],
+                        y=ln["raw_y"],
+                        mode="lines",
+                        line={**line, "width": 1},
+                        opacity=0.25,
+                        hoverinfo="skip",
+                        showlegend=False,
+                        legendgroup=ln["name"],
+                    )
+                )
+            fig.add_trace(
+                go.Scatter(
+                    x=ln["smooth_x"],
+                    y=ln["smooth_y"],
+                    mode="lines",
+                    line={**line, "width": 2},
+                    name=name,
+                    legendgroup=ln["name"],
+                    showlegend=legend_lines,
+                    hovertemplate=f"{name}: %{{y:.5g}}<extra></extra>",
+                )
+            )
+    visible = [np.asarray(ln["smooth_y"], np.float64) for ln in lines]
+    for ln in lines:
         if len(ln.get("sup_x", ())):
             fig.add_trace(
                 go.Scatter(
@@ -286,7 +352,7 @@ def curve_figure(
                     y=ln["sup_y"],
                     mode="markers",
                     marker={"color": ln["color"], "size": 4, "symbol": "circle-open"},
-                    hovertemplate=f"{ln['name']} (replaced by a resume): %{{y:.5g}}<extra></extra>",
+                    hovertemplate=f"{txt(ln['name'])} (replaced by a resume): %{{y:.5g}}<extra></extra>",
                     **legend("replaced by a resume"),
                 )
             )
@@ -306,7 +372,7 @@ def curve_figure(
                     mode="markers",
                     marker={"symbol": "x", "color": ln["color"], "size": 9, "line": {"width": 1}},
                     cliponaxis=False,
-                    text=[f"{ln['name']}: {v}" for v in ln["nan_v"]],
+                    text=[f"{txt(ln['name'])}: {v}" for v in ln["nan_v"]],
                     hovertemplate="%{text}<extra></extra>",
                     **legend("NaN/Inf"),
                 )
@@ -317,28 +383,69 @@ def curve_figure(
         fig.add_vline(
             x=x,
             line={"dash": "dash", "color": "#555", "width": 1},
-            annotation={"text": text, "textangle": -90, "font": {"size": 10}},
+            annotation={"text": txt(text), "textangle": -90, "font": {"size": 10}},
             annotation_position="top left",
         )
+    n_legend = len(legend_seen) + (len(lines) if legend_lines else 0)
+    legend_rows = math.ceil(n_legend / 4)
     fig.update_layout(
-        title={"text": title, "font": {"size": 14}, "x": 0, "xanchor": "left", "y": 0.98, "yanchor": "top"},
-        height=height,
-        margin={"l": 55, "r": 15, "t": 62, "b": 45},
-        legend={
+        title={
+            "text": txt(title),
+            "font": {"size": 14},
+            "x": 0,
+            "xanchor": "left",
+            "y": 0.98,
+            "yanchor": "top",
+        },
+        height=height + (20 * legend_rows if legend_lines else 0),
+        margin={"l": 55, "r": 15, "t": 40, "b": 45},
+        legend={  # below the chart: many names wrap there without covering the title or the curves
             "orientation": "h",
             "x": 0,
             "xanchor": "left",
-            "y": 1.0,
-            "yanchor": "bottom",
+            "y": -0.14,
+            "yanchor": "top",
             "font": {"size": 11},
         },
-        showlegend=bool(legend_seen) or legend_lines,
-        hovermode="x unified",
-        uirevision=title,
+        showlegend=bool(n_legend),
+        hovermode="x unified" if len(lines) <= UNIFIED_HOVER_MAX else "closest",
+        hoversort="value descending",  # the unified hover lists the lines top to bottom as drawn
+        hoverlabel={"namelength": -1},
+        uirevision=title,  # a box zoom survives every control change that keeps the chart
     )
+    if legend_lines:
+        fig.update_layout(margin={"b": 60 + 20 * legend_rows})
     fig.update_xaxes(title_text=x_title, type="date" if x_is_date else None)
     fig.update_yaxes(**_y_axis(finite, y_range, log_y))
     return fig
+
+
+def _add_bundles(fig: go.Figure, lines: list[dict]) -> None:
+    """The lines of each colour as one trace, separated by gaps; each point's hover names its line."""
+    by_colour: dict[str, list[dict]] = {}
+    for ln in lines:
+        by_colour.setdefault(ln["color"], []).append(ln)
+    for colour, group in by_colour.items():
+        xs: list[np.ndarray] = []
+        ys: list[np.ndarray] = []
+        names = []
+        for ln in group:
+            xs += [np.asarray(ln["smooth_x"], np.float64), np.array([np.nan])]
+            ys += [np.asarray(ln["smooth_y"], np.float64), np.array([np.nan])]
+            names.append(np.full(len(ln["smooth_x"]) + 1, txt(ln["name"])))
+        fig.add_trace(
+            go.Scatter(
+                x=compact(np.concatenate(xs)),
+                y=compact(np.concatenate(ys)),
+                mode="lines",
+                line={"color": colour, "width": 1.5},
+                connectgaps=False,
+                text=np.concatenate(names),  # an array: plotly takes it whole, a list item by item
+                name=f"{len(group)} lines",
+                showlegend=False,
+                hovertemplate="%{text}: %{y:.5g}<extra></extra>",
+            )
+        )
 
 
 def _y_axis(finite: np.ndarray, y_range: list[float] | None, log_y: bool) -> dict:
@@ -361,36 +468,47 @@ def _y_axis(finite: np.ndarray, y_range: list[float] | None, log_y: bool) -> dic
     return out
 
 
+def alert_symbol(rule: str, backtest: bool = False) -> str:
+    """One marker shape per rule, from its name (the same on every chart); a backtest's alarms
+    open, stored alerts filled."""
+    shape = ALERT_SYMBOLS[zlib.crc32(rule.encode()) % len(ALERT_SYMBOLS)]
+    return shape + "-open" if backtest else shape
+
+
 def _add_alerts(fig: go.Figure, alerts, legend) -> None:
     """Alert intervals as shaded bands (only while few: more would hide the curves) and a
-    marker where each fired, on its run's curve of this chart."""
+    marker where each fired, on its run's curve of this chart: one trace (and legend entry) per
+    rule, its shape the rule's, filled in the run's colour (a backtest's alarms: named as the
+    caller names them, open)."""
     bands = len(alerts) <= 10
     for a in alerts:
         if bands and a.get("x0") is not None and a.get("x1") is not None:
             fig.add_vrect(x0=a["x0"], x1=a["x1"], fillcolor=a["color"], opacity=0.08, line_width=0)
-    if not alerts:
-        return
-    y = [a["y"] if a.get("y") is not None and math.isfinite(a["y"]) else None for a in alerts]
-    fig.add_trace(
-        go.Scatter(
-            x=[a["x"] for a in alerts],
-            y=y,
-            mode="markers",
-            marker={
-                "symbol": ["star-triangle-up" if a.get("live") else "triangle-up" for a in alerts],
-                "size": 11,
-                "color": [a["color"] for a in alerts],
-                "line": {"width": 1, "color": "black"},
-            },
-            cliponaxis=False,
-            text=[
-                f"<b>{'live ' if a.get('live') else ''}alert {a['rule']}</b> · {a['run']}<br>{a.get('message') or ''}"
-                for a in alerts
-            ],
-            hovertemplate="%{text}<extra></extra>",
-            **legend("alert"),
+    by_rule: dict[tuple[str, bool], list[dict]] = {}
+    for a in alerts:
+        by_rule.setdefault((a["rule"], bool(a.get("backtest"))), []).append(a)
+    for (rule, backtest), marks in sorted(by_rule.items()):
+        fig.add_trace(
+            go.Scatter(
+                x=[a["x"] for a in marks],
+                y=[a["y"] if a.get("y") is not None and math.isfinite(a["y"]) else None for a in marks],
+                mode="markers",
+                marker={
+                    "symbol": alert_symbol(rule, backtest),
+                    "size": 11,
+                    "color": [a["color"] for a in marks],
+                    "line": {"width": 1.5, "color": [a["color"] if backtest else "black" for a in marks]},
+                },
+                cliponaxis=False,
+                text=[
+                    f"<b>{'live ' if a.get('live') else ''}{'backtest alarm' if backtest else 'alert'} "
+                    f"{txt(rule)}</b> · {txt(a['run'])}<br>{txt(a.get('message') or '')}"
+                    for a in marks
+                ],
+                hovertemplate="%{text}<extra></extra>",
+                **legend(rule if backtest else f"alert {rule}"),
+            )
         )
-    )
 
 
 def _add_events(fig: go.Figure, events, legend) -> None:
@@ -412,7 +530,7 @@ def _add_events(fig: go.Figure, events, legend) -> None:
                     "line": {"width": 1.5, "color": [e["color"] for e in evs]},
                 },
                 cliponaxis=False,
-                text=[f"{kind} · {e['run']}<br>{(e.get('message') or '')[:160]}" for e in evs],
+                text=[f"{txt(kind)} · {txt(e['run'])}<br>{txt((e.get('message') or '')[:160])}" for e in evs],
                 hovertemplate="%{text}<extra></extra>",
                 **legend(kind),
             )
@@ -433,9 +551,9 @@ def sweep_figure(rows: list[dict]) -> go.Figure:
                 x=[p["false_alarms_per_1k"] or 0.0 for p in pts],
                 y=[p["recall"] for p in pts],
                 mode="lines+markers" if len(pts) > 1 else "markers",
-                name=rule,
-                text=[p["params"] for p in pts],
-                hovertemplate=f"<b>{rule}</b><br>%{{text}}<br>FA/1k %{{x:.3g}} · recall %{{y:.0%}}<extra></extra>",
+                name=txt(rule),
+                text=[txt(p["params"]) for p in pts],
+                hovertemplate=f"<b>{txt(rule)}</b><br>%{{text}}<br>FA/1k %{{x:.3g}} · recall %{{y:.0%}}<extra></extra>",
             )
         )
     fig.update_layout(
@@ -497,19 +615,27 @@ def lineage_figure(runs: list[dict], edges: list[dict]) -> go.Figure:
         )
 
     for e in cross:
-        edge(pos[e["parent_run"]], pos[e["child_run"]], f"{e['kind']} @ {e['parent_step']}", e["evidence"])
+        edge(
+            pos[e["parent_run"]],
+            pos[e["child_run"]],
+            txt(f"{e['kind']} @ {e['parent_step']}"),
+            txt(e["evidence"]),
+        )
     nodes: list[tuple[float, float, str, str, str]] = []  # (x, y, label, run, hover)
     for r in involved:
         x, y = pos[r]
         chain = resumes.get(r, [])
         st = info.get(r) or {}
-        hover = f"{r}<br>status {st.get('status')}<br>steps {st.get('first_step')}–{st.get('last_step')}"
-        nodes.append((x, y, r if not chain else f"{r} · segment 0", r, hover))
+        hover = (
+            txt(f"{r}")
+            + f"<br>status {st.get('status')}<br>steps {st.get('first_step')}–{st.get('last_step')}"
+        )
+        nodes.append((x, y, txt(r if not chain else f"{r} · segment 0"), r, hover))
         for k, e in enumerate(chain, 1):
             p0 = (x + 0.45 * (k - 1) / len(chain), y)
             p1 = (x + 0.45 * k / len(chain), y)
-            edge(p0, p1, f"resume @ {e['parent_step']}", e["evidence"])
-            nodes.append((*p1, f"segment {e.get('child_segment', k)}", r, f"{hover}<br>{e['evidence']}"))
+            edge(p0, p1, f"resume @ {e['parent_step']}", txt(e["evidence"]))
+            nodes.append((*p1, f"segment {e.get('child_segment', k)}", r, f"{hover}<br>{txt(e['evidence'])}"))
     statuses = [(info.get(n[3]) or {}).get("status") or "unknown" for n in nodes]
     fig.add_trace(
         go.Scatter(
@@ -554,29 +680,88 @@ def parallel_figure(rows: list[dict], dims: list[str], color_by: str) -> go.Figu
         vals = [r.get(d) for r in rows]
         nums = [v for v in vals if isinstance(v, int | float) and not isinstance(v, bool)]
         if len(nums) == sum(v is not None for v in vals) and nums:
-            dimensions.append({"label": d, "values": [v if v is not None else math.nan for v in vals]})
+            dimensions.append({"label": txt(d), "values": [v if v is not None else math.nan for v in vals]})
         else:
             cats = sorted({str(v) for v in vals})
             code = {c: i for i, c in enumerate(cats)}
             dimensions.append(
                 {
-                    "label": d,
+                    "label": txt(d),
                     "values": [code[str(v)] for v in vals],
                     "tickvals": list(range(len(cats))),
-                    "ticktext": [c[:18] for c in cats],
+                    "ticktext": [txt(c[:18]) for c in cats],
                 }
             )
-    color = dimensions[-1]["values"]
+    last = dimensions[-1]
+    line = {
+        "color": last["values"],
+        "colorscale": "Viridis",
+        "showscale": True,
+        "colorbar": {"title": color_by},
+    }
+    if "ticktext" in last:  # categories (label, status): one flat colour each, named on the bar
+        n = len(last["ticktext"])
+        colours = [PALETTE[i % len(PALETTE)] for i in range(n)]
+        line["colorscale"] = (
+            [[edge, c] for i, c in enumerate(colours) for edge in (i / n, (i + 1) / n)]
+            if n > 1
+            else [[0, colours[0]], [1, colours[0]]]
+        )
+        line.update(cmin=-0.5, cmax=n - 0.5)
+        line["colorbar"] = {"title": color_by, "tickvals": last["tickvals"], "ticktext": last["ticktext"]}
+    fig = go.Figure(go.Parcoords(dimensions=dimensions, line=line, labelangle=-15, labelside="top"))
+    fig.update_layout(height=440, margin={"l": 60, "r": 60, "t": 90, "b": 30})
+    return fig
+
+
+def layer_families(tags: list[str], least: int = 3) -> dict[str, dict[int, str]]:
+    """`…layer_N…` tags by family (the tag with its layer number as `*`): layer -> tag, for
+    families of at least `least` layers (gradient-norm flow, attention entropy, FFN statistics)."""
+    import polars as pl
+
+    parts = pl.Series(tags, dtype=pl.String).str.extract_groups(r"^(.*?layers?[_./-]?)(\d+)(\D.*)?$")
+    out: dict[str, dict[int, str]] = {}
+    for tag, p in zip(tags, parts.to_list(), strict=True):
+        if p["2"] is not None:
+            out.setdefault(f"{p['1']}*{p['3'] or ''}", {})[int(p["2"])] = tag
+    return {f: dict(sorted(layers.items())) for f, layers in out.items() if len(layers) >= least}
+
+
+def layer_heatmap(title: str, layers: dict[int, tuple[np.ndarray, np.ndarray]], bins: int = 200) -> go.Figure:
+    """One run's layer family as a heatmap, layer (y) by step (x): each layer's current points
+    averaged in `bins` equal step bins over the family's whole range (an empty bin stays blank).
+    Colour on a log10 scale when every value is positive and they span over two decades (as
+    gradient norms do), so a vanishing or exploding layer stands out."""
+    finite = [(n, s[np.isfinite(v)], v[np.isfinite(v)]) for n, (s, v) in layers.items()]
+    finite = [(n, s, v) for n, s, v in finite if len(s)]
+    if not finite:
+        return go.Figure()
+    lo = min(float(s.min()) for _, s, _ in finite)
+    hi = max(float(s.max()) for _, s, _ in finite)
+    edges = np.linspace(lo, hi if hi > lo else lo + 1, bins + 1)
+    z = np.full((len(finite), bins), np.nan)
+    for row, (_, s, v) in enumerate(finite):
+        b = np.clip(np.searchsorted(edges, s, "right") - 1, 0, bins - 1)
+        count = np.bincount(b, minlength=bins)
+        has = count > 0
+        z[row, has] = np.bincount(b, v, minlength=bins)[has] / count[has]
+    every = np.concatenate([v for _, _, v in finite])
+    log = bool(every.min() > 0 and every.max() / every.min() > 100)
     fig = go.Figure(
-        go.Parcoords(
-            dimensions=dimensions,
-            line={
-                "color": color,
-                "colorscale": "Viridis",
-                "showscale": True,
-                "colorbar": {"title": color_by},
-            },
+        go.Heatmap(
+            z=np.log10(z) if log else z,
+            x=(edges[:-1] + edges[1:]) / 2,
+            y=[n for n, _, _ in finite],
+            colorscale="Viridis",
+            colorbar={"title": "log10 value" if log else "value"},
+            hovertemplate="layer %{y} · step %{x:.0f}: %{z:.4g}<extra></extra>",
         )
     )
-    fig.update_layout(height=420, margin={"l": 60, "r": 60, "t": 60, "b": 30})
+    fig.update_layout(
+        title={"text": txt(title), "font": {"size": 14}, "x": 0},
+        height=120 + 14 * len(finite),
+        margin={"l": 55, "r": 15, "t": 40, "b": 40},
+        xaxis_title="step",
+        yaxis_title="layer",
+    )
     return fig

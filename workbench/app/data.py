@@ -8,20 +8,21 @@ an open app never blocks an ingest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import re
 from datetime import datetime
 
 import numpy as np
 import polars as pl
 import streamlit as st
 
+from detectors import language
 from detectors.backtest import Settings, backtest, judge
 from detectors.replay import GUIDES, default_rules, replay
 from detectors.rules import rules_from_text
 from ingest import lineage as lineage_graph
-from workbench.app import charts
+from workbench.app import charts, untrusted
 from workbench.errors import WorkbenchError
 from workbench.store import Store, reads
 
@@ -34,8 +35,11 @@ def store() -> Store:
 
 
 def generation() -> str | None:
-    gen = store().current_generation()
-    return gen.name if gen else None
+    """The store's current generation, named with the store's folder: every cached read is keyed
+    by it, so two stores in one process (WORKBENCH_STORE changed, tests) never share a cache."""
+    s = store()
+    gen = s.current_generation()
+    return f"{gen.name} of {s.root}" if gen else None
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
@@ -52,10 +56,11 @@ def read(gen: str, query: reads.Query) -> pl.DataFrame:
         cur.close()
 
 
-@st.cache_data(show_spinner=False)
+@st.cache_resource(show_spinner=False, max_entries=2)
 def run_starts(gen: str) -> dict[str, float | None]:
     """run -> when it started (epoch seconds, its first file's first wall time), for every run:
-    what the Curves page needs of `runs`, without its heavier columns."""
+    what the Curves page needs of `runs`, without its heavier columns. Shared, read-only (looked
+    up once per run of a sweep: not copied per call)."""
     return dict(read(gen, reads.run_starts()).iter_rows())
 
 
@@ -115,14 +120,41 @@ def tags(gen: str, run_ids: tuple[str, ...]) -> pl.DataFrame:
     )
 
 
-@st.cache_resource(show_spinner=False, max_entries=256)
+HELD_POINTS = 50_000_000  # points held per generation before the oldest series are let go
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def _held(gen: str) -> dict[tuple[str, str], dict[str, np.ndarray]]:
+    """This generation's series read so far, by (run, tag), oldest first: shared by every page
+    view of the process (never copied per view), read-only."""
+    return {}
+
+
+def _hold(gen: str, key: tuple[str, str], series: dict[str, np.ndarray]) -> None:
+    held = _held(gen)
+    held[key] = series
+    total = sum(len(v["step"]) for v in held.values())
+    for old in list(held):
+        if total <= HELD_POINTS or old == key:
+            break
+        gone = held.pop(old, None)  # another session may have let it go already
+        total -= len(gone["step"]) if gone is not None else 0
+
+
 def _series(gen: str, run_id: str, tag: str) -> dict[str, np.ndarray]:
     """Every stored point of one run and tag by step: value, its own wall time, and `kind`: 0
     current, 1 replaced by a resume (a later writer of the same source logged that step again),
     2 a duplicate of the step from another source (shown by that source's current row); and
-    `cur_step`, `cur_wall`, `cur_value` for the current points alone. Held once per process
-    (never copied per page view): read-only."""
-    df = read(gen, reads.curve_points(run_id, tag))
+    `cur_step`, `cur_wall`, `cur_value` for the current points alone. Read once per generation
+    (`prefetch` reads many at once)."""
+    s = _held(gen).get((run_id, tag))
+    if s is None:
+        s = _as_series(gen, run_id, tag, read(gen, reads.curve_points(run_id, tag)))
+        _hold(gen, (run_id, tag), s)
+    return s
+
+
+def _as_series(gen: str, run_id: str, tag: str, df: pl.DataFrame) -> dict[str, np.ndarray]:
     # parts are stored sorted by step: a single-writer series needs no sort (the common case)
     if not df["step"].is_sorted() or df["superseded"].any():
         df = df.sort(["step", "superseded"], descending=[False, True], maintain_order=True)
@@ -140,21 +172,29 @@ def _series(gen: str, run_id: str, tag: str) -> dict[str, np.ndarray]:
     return {**out, **{f"cur_{k}": out[k] if cur is None else out[k][cur] for k in ("step", "wall", "value")}}
 
 
+def current_points(gen: str, run_id: str, tag: str) -> tuple[np.ndarray, np.ndarray]:
+    """(step, value) of a run's current points of a tag, by step (shared arrays: read-only)."""
+    s = _series(gen, run_id, tag)
+    return s["cur_step"], s["cur_value"]
+
+
 def prefetch(gen: str, pairs: list[tuple[str, str]]) -> None:
-    """Read the points of several (run, tag) pairs at once, on threads (DuckDB releases the GIL
-    while it scans): a first view of 10 runs waits for the slowest read, not for their sum."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
-
-    ctx = get_script_run_ctx()
-
-    def read(pair):
-        add_script_run_ctx(ctx=ctx)
-        _series(gen, *pair)
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        list(pool.map(read, pairs[:64]))
+    """Read the points of several (run, tag) pairs not read yet: one scan per tag for all its
+    runs (a sweep of 500 runs is one query, not 500)."""
+    held = _held(gen)
+    by_tag: dict[str, list[str]] = {}
+    for run, tag in pairs:
+        if (run, tag) not in held:
+            by_tag.setdefault(tag, []).append(run)
+    for tag, runs in by_tag.items():
+        if len(runs) == 1:
+            _series(gen, runs[0], tag)
+            continue
+        df = read(gen, reads.curve_points_of(runs, tag))
+        parts = df.partition_by("run_id", as_dict=True, include_key=False)
+        empty = df.head(0).drop("run_id")
+        for run in runs:
+            _hold(gen, (run, tag), _as_series(gen, run, tag, parts.get((run,), empty)))
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
@@ -192,16 +232,25 @@ def _line(gen: str, run_id: str, tag: str, smoothing: float, buckets: int) -> di
     """The points of one run's line worth drawing, whatever the x axis: smoothed over every
     current point, then thinned per bucket of points (indices into the current points, so any
     x is looked up for just these)."""
-    s = _series(gen, run_id, tag)
-    values = s["cur_value"]
+    values = _series(gen, run_id, tag)["cur_value"]
     if len(values) == 0:
         return None
-    smoothed = charts.tb_smooth(values, smoothing)
-    ri, si = _raw_index(gen, run_id, tag, buckets), charts.keep_index(smoothed, buckets)
+    return _line_of(
+        values, charts.tb_smooth(values, smoothing), _raw_index(gen, run_id, tag, buckets), buckets
+    )
+
+
+def _line_of(
+    values: np.ndarray, smoothed: np.ndarray, raw_index: np.ndarray, buckets: int, even: bool = False
+) -> dict:
+    # a sweep's lines are drawn at evenly spaced points: a few buckets' min-max zig-zags, 500 times
+    # over, would hide the curves behind diagonals
+    si = np.unique(np.linspace(0, len(smoothed) - 1, 4 * buckets).astype(np.int64)) if even else None
+    si = charts.keep_index(smoothed, buckets) if si is None else si
     bad = np.flatnonzero(~np.isfinite(values))
     return {
-        "raw_i": ri,
-        "raw_y": values[ri],
+        "raw_i": raw_index,
+        "raw_y": values[raw_index],
         "smooth_i": si,
         "smooth_y": smoothed[si],
         "nan_i": bad,
@@ -220,8 +269,28 @@ def display_curve(
     wall time are left out on time axes and counted (only the counts come back when nothing can
     be drawn). `place_*`: (optimizer step, x, smoothed y) of the line, to put markers on."""
     line = _line(gen, run_id, tag, smoothing, buckets)
-    if line is None:
-        return None
+    return None if line is None else _display(gen, run_id, tag, line, x_mode, replaced)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def display_curves(
+    gen: str, run_ids: tuple[str, ...], tag: str, smoothing: float, x_mode: str, replaced: bool, buckets: int
+) -> dict[str, dict]:
+    """`display_curve` of many runs (a sweep) as one cached result: their series smoothed
+    together (`charts.tb_smooth_many`), one cache entry per chart instead of one per run."""
+    prefetch(gen, [(r, tag) for r in run_ids])
+    series = {r: _series(gen, r, tag) for r in run_ids}
+    runs = [r for r in run_ids if len(series[r]["cur_value"])]
+    smoothed = charts.tb_smooth_many([series[r]["cur_value"] for r in runs], smoothing)
+    out = {}
+    for run, sm in zip(runs, smoothed, strict=True):
+        values = series[run]["cur_value"]
+        line = _line_of(values, sm, charts.keep_index(values, buckets), buckets, even=True)
+        out[run] = _display(gen, run, tag, line, x_mode, replaced)
+    return out
+
+
+def _display(gen: str, run_id: str, tag: str, line: dict, x_mode: str, replaced: bool) -> dict:
     s = _series(gen, run_id, tag)
     info = {
         "points": line["points"],
@@ -301,11 +370,10 @@ def group_band(
 ) -> dict | None:
     """Mean and min..max band of several runs' smoothed lines on one chart (W&B's run groups)."""
     xs, ys = [], []
-    for run in run_ids:
-        s = _series(gen, run, tag)
-        if len(s["cur_value"]) == 0:
-            continue
-        y = charts.tb_smooth(s["cur_value"], smoothing)
+    prefetch(gen, [(r, tag) for r in run_ids])
+    series = [(r, s) for r in run_ids if len((s := _series(gen, r, tag))["cur_value"])]
+    smoothed = charts.tb_smooth_many([s["cur_value"] for _, s in series], smoothing)
+    for (run, s), y in zip(series, smoothed, strict=True):
         if x_mode == "step":
             x = s["cur_step"]
         else:
@@ -327,23 +395,20 @@ def group_of(run_ids: list[str], how: str, key: str, gen: str) -> dict[str, str]
         return {r: f"{key}={vals.get(r)}" for r in run_ids}
     if how == "name" and key:
         try:
-            pat = re.compile(key)
-        except re.error:
+            found = untrusted.names(key, list(run_ids))
+        except untrusted.BadPattern:
             return {r: r for r in run_ids}
-        out = {}
-        for r in run_ids:
-            m = pat.search(r)
-            out[r] = (m.group(1) if m.groups() and m.group(1) is not None else m.group(0)) if m else r
-        return out
+        return {r: f if f is not None else r for r, f in zip(run_ids, found, strict=True)}
     return {r: r for r in run_ids}
 
 
 @st.cache_data(show_spinner="Preparing the export ...")
-def export(gen: str, pairs: tuple[tuple[str, str], ...], fmt: str) -> bytes:
-    """The selected points in long format: run_id, tag, step, wall_time, value, superseded."""
+def export(gen: str, pairs: tuple[tuple[str, str], ...], fmt: str, replaced: bool = False) -> bytes:
+    """The selected points in long format: run_id, tag, step, wall_time, value, superseded; one
+    row per step unless `replaced` (the points a resume replaced too)."""
     import io
 
-    frames = [read(gen, reads.export_points(r, t)) for r, t in pairs]
+    frames = [read(gen, reads.export_points(r, t, replaced)) for r, t in pairs]
     data = pl.concat(frames) if frames else pl.DataFrame()
     if fmt == "csv":
         return data.write_csv().encode()
@@ -355,6 +420,38 @@ def export(gen: str, pairs: tuple[tuple[str, str], ...], fmt: str) -> bytes:
 @st.cache_data(show_spinner=False)
 def alerts(gen: str, run_ids: tuple[str, ...]) -> pl.DataFrame:
     return read(gen, reads.alerts(list(run_ids)))
+
+
+@st.cache_data(show_spinner=False)
+def rule_metrics(rules_text: str | None = None) -> dict[str, list[str]]:
+    """rule id -> the metric (or tags) its alerts belong to: the first name of its condition
+    (the one whose value an alert carries), a built-in detector's metric fields; of the built-in
+    and guides' rules and of `rules_text`. Names may be globs."""
+    pool = list(default_rules())
+    if rules_text:
+        with contextlib.suppress(WorkbenchError):  # the backtest page says what is wrong with it
+            pool += _rules(rules_text)
+    out: dict[str, list[str]] = {}
+    for r in pool:
+        if r.when:
+            try:
+                names = [n.name for n in language.names(language.parse(r.when))][:1]
+            except WorkbenchError:
+                names = []
+        else:
+            d = r.detector
+            names = [getattr(d, f) for f in dir(d) if f.endswith("metric") and isinstance(getattr(d, f), str)]
+            names += list(getattr(d, "metrics", ()) or ())
+        out.setdefault(r.id, [])
+        out[r.id] += [n for n in names if n not in out[r.id]]
+    return out
+
+
+def value_at(gen: str, run_id: str, tag: str, step: int) -> float | None:
+    """The current value of a run's tag at a step (None where it logged none)."""
+    s = _series(gen, run_id, tag)
+    i = np.searchsorted(s["cur_step"], step)
+    return float(s["cur_value"][i]) if i < len(s["cur_step"]) and s["cur_step"][i] == step else None
 
 
 @st.cache_data(show_spinner=False)

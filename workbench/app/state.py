@@ -8,11 +8,14 @@ URL, else from the last time the page was shown in this session, else its defaul
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
+
+from workbench.app import untrusted
 
 KEEP = "_kept_"  # session keys that outlive a widget when its page is not shown
 LIVE_EVERY_S = 3
@@ -23,21 +26,35 @@ class Param:
     key: str  # the widget's key
     name: str  # the query parameter
     default: Any
+    lo: float | None = None  # numbers outside [lo, hi] are clamped (a widget would raise)
+    hi: float | None = None
+    choices: tuple | None = None  # a value outside them falls back to the default
 
-    def parse(self, raw: list[str]) -> Any:
+    def parse(self, raw: list[str]) -> tuple[Any, str | None]:
+        """The value a URL gives, and why it was changed (None when it was taken as is)."""
         d = self.default
-        try:
-            if isinstance(d, list):
-                return raw
-            if isinstance(d, bool):
-                return raw[-1] in ("1", "true", "yes")
-            if isinstance(d, int):
-                return int(raw[-1])
-            if isinstance(d, float):
-                return float(raw[-1])
-        except ValueError:
-            return d
-        return raw[-1]
+        if isinstance(d, list):
+            return raw, None
+        if isinstance(d, bool):
+            return raw[-1] in ("1", "true", "yes"), None
+        text = raw[-1]
+        if isinstance(d, int | float):
+            try:
+                v = int(text) if isinstance(d, int) else float(text)
+            except ValueError:
+                return d, f"{self.name}={text} is not a number; using {d}"
+            if math.isnan(v):
+                return d, f"{self.name}={text} is not a number; using {d}"
+            if self.lo is not None and v < self.lo:
+                return type(d)(self.lo), f"{self.name}={text} is below {self.lo}; using {self.lo}"
+            if self.hi is not None and v > self.hi:
+                return type(d)(self.hi), f"{self.name}={text} is above {self.hi}; using {self.hi}"
+            value: Any = v
+        else:
+            value = text
+        if self.choices is not None and value not in self.choices:
+            return d, f"{self.name}={raw[-1]} is not one of {', '.join(map(str, self.choices))}; using {d}"
+        return value, None
 
     def dump(self, value: Any) -> str | list[str]:
         if isinstance(self.default, list):
@@ -49,12 +66,14 @@ class Param:
 
 def restore(params: list[Param]) -> None:
     """Before the widgets: start each from the URL, else from this session's last view of the
-    page, else its default."""
+    page, else its default. A URL value a widget cannot take is replaced, with a message."""
     for p in params:
         if p.key in st.session_state:
             continue
         if p.name in st.query_params:
-            st.session_state[p.key] = p.parse(st.query_params.get_all(p.name))
+            st.session_state[p.key], note = p.parse(st.query_params.get_all(p.name))
+            if note:
+                st.warning(untrusted.md(f"From the link: {note}."))
         elif KEEP + p.key in st.session_state:
             st.session_state[p.key] = st.session_state[KEEP + p.key]
         else:

@@ -254,6 +254,15 @@ def curve_points(run_id: str, tag: str) -> Query:
     )
 
 
+def curve_points_of(run_ids: list[str], tag: str) -> Query:
+    """run_id and `curve_points` of several runs' tag in one scan (a sweep's first view)."""
+    return Query(
+        "SELECT run_id, step, wall_time, value, superseded FROM scalars_all "
+        "WHERE tag = ? AND list_contains(?::VARCHAR[], run_id)",
+        [tag, run_ids],
+    )
+
+
 def duplicated_steps(run_id: str, tag: str) -> Query:
     """Steps of a run's tag whose superseded points are another source's duplicate of a
     current point, not a resume: no current point of their own source at that step, and no
@@ -281,12 +290,22 @@ def run_clock(run_id: str) -> Query:
     )
 
 
-def export_points(run_id: str, tag: str) -> Query:
-    """run_id, tag, step, wall_time, value, superseded of every stored point of a run's tag."""
+def export_points(run_id: str, tag: str, replaced: bool = True) -> Query:
+    """run_id, tag, step, wall_time, value, superseded of the stored points of a run's tag by
+    step: the current ones (one per step), and with `replaced` those a resume replaced too. A
+    point without a wall time of its own takes the run's clock at its step (another source that
+    logged the step), so a step is never a timed replaced row beside an untimed current one."""
     return Query(
-        "SELECT run_id, tag, step, wall_time, value, superseded FROM scalars_all "
-        "WHERE run_id = ? AND tag = ? ORDER BY step",
-        [run_id, tag],
+        """WITH clock AS (SELECT step, max(wall_time) AS wall FROM scalars_all
+                          WHERE run_id = $r AND isfinite(wall_time) GROUP BY step)
+           SELECT p.run_id, p.tag, p.step,
+                  coalesce(CASE WHEN isfinite(p.wall_time) THEN p.wall_time END, clock.wall) AS wall_time,
+                  p.value, p.superseded
+           FROM scalars_all p LEFT JOIN clock USING (step)
+           WHERE p.run_id = $r AND p.tag = $t"""
+        + ("" if replaced else " AND NOT p.superseded")
+        + " ORDER BY p.step, p.superseded DESC",
+        {"r": run_id, "t": tag},
     )
 
 

@@ -1,13 +1,14 @@
 """Alerts & backtest: score rules on labelled runs (shown on arrival, as `workbench backtest`
 prints them), compare sweeps, and see per run what a rule did, judged as the backtest judges it."""
 
-import json
 from collections.abc import Sequence
 
 import polars as pl
 import streamlit as st
 
-from workbench.app import PAGE, charts, data, state
+from workbench.app import PAGE, charts, data, state, untrusted
+from workbench.app.untrusted import md
+from workbench.store.aliases import glob_regex
 
 st.title("Alerts & backtest")
 gen = data.generation()
@@ -26,9 +27,9 @@ if n_labelled == 0:
 
 PARAMS = [
     state.Param("bt_runs", "runs", ""),
-    state.Param("bt_horizon", "horizon", 100),
-    state.Param("bt_lead", "lead", 500),
-    state.Param("bt_warmup", "warmup", 0),
+    state.Param("bt_horizon", "horizon", 100, lo=0, hi=10**9),
+    state.Param("bt_lead", "lead", 500, lo=0, hi=10**9),
+    state.Param("bt_warmup", "warmup", 0, lo=0, hi=10**9),
     state.Param("bt_rule", "rule", ""),
 ]
 state.restore(PARAMS)
@@ -59,47 +60,59 @@ saved = b3.file_uploader(
     help="What `workbench backtest --out DIR` writes, or `--format json > scores.json`.",
 )
 if st.session_state.get("bt_replay_msg"):
-    st.caption(st.session_state["bt_replay_msg"])
+    st.caption(md(st.session_state["bt_replay_msg"]))
 if st.session_state["bt_args"] != args:
     st.caption("The settings above changed: press **Run backtest** to score with them.")
 
+
 if saved is not None:
-    res = json.loads(saved.getvalue())
-    st.caption(f"Showing saved results from `{saved.name}`.")
+    res = untrusted.backtest_results(saved.getvalue())
+    st.caption(f"Showing saved results from {md(saved.name)}.")
 else:
     res = data.run_backtest(gen, *st.session_state["bt_args"])
 if "error" in res:
-    st.error(res["error"])
+    head, _, rest = res["error"].partition("\n")
+    st.error(md(head))
+    if rest:  # a rule's line with a caret under the fault: aligned, as text
+        st.code(rest, language=None)
     st.stop()
 
 PCT = "%.0f%%"
-ORDER = [  # what a reader compares first, then the rest as the backtest writes it
+ORDER = [  # what a reader decides by first (does it fire on failed runs, not on healthy ones, how early)
     "rule",
-    "params",
-    "recall",
-    "recall_ci_low",
-    "recall_ci_high",
-    "precision",
-    "false_alarms_per_1k",
     "trigger_rate_failed",
     "trigger_rate_healthy",
+    "false_alarms_per_1k",
     "lead_time_median",
-    "first_trigger_mean",
-    "first_trigger_std",
+    "recall",
+    "precision",
     "never_fired",
     "runs_evaluable",
+    "first_trigger_mean",
+    "first_trigger_std",
 ]
+LAST = ["params"]  # wide: after the figures, as the rest a newer backtest writes
 RATES = {"recall", "recall_ci_low", "recall_ci_high", "precision", "precision_ci_low", "precision_ci_high"}
 RATES |= {"trigger_rate_failed", "trigger_rate_healthy"}
 
 
-def table(rows: list[dict], key: str, first: Sequence[str] = (), pinned: int = 1) -> None:
+def table(
+    rows: list[dict], key: str, first: Sequence[str] = (), pinned: int = 1, intervals: bool = True
+) -> None:
     """Rows as a table: rates as percentages (as the CLI prints them), the key columns pinned
-    left, any column a newer backtest adds shown after the known ones."""
-    df = pl.DataFrame(rows, infer_schema_length=None)
+    left, any column a newer backtest adds shown after the known ones, `params` last; the
+    confidence intervals only with `intervals`."""
+    try:
+        df = pl.DataFrame(rows, infer_schema_length=None)
+    except (TypeError, ValueError, pl.exceptions.PolarsError):  # rows a saved file holds, mixed
+        st.json(rows, expanded=False)
+        return
     if df.is_empty():
         return
-    cols = [c for c in first if c in df.columns] + [c for c in df.columns if c not in first]
+    cols = [c for c in first if c in df.columns] + [c for c in df.columns if c not in first and c not in LAST]
+    cols += [c for c in LAST if c in df.columns]
+    if not intervals:
+        cols = [c for c in cols if "_ci_" not in c]
     rates = [c for c in cols if c in RATES or c.endswith(("_rate", "recall", "precision"))]
     df = df.select(cols).with_columns([(pl.col(c).cast(pl.Float64) * 100) for c in rates])
     config = {c: st.column_config.NumberColumn(c, format=PCT) for c in rates}
@@ -116,7 +129,8 @@ if saved is None:
         f"{res['unknown']} unlabelled (left out). A failed run is detected when an alarm falls in "
         f"[onset − lead, onset + horizon]; rates in %, intervals are 95 % bootstrap over runs."
     )
-table(res["rules"], "bt_table", ORDER, pinned=2)
+with_ci = st.toggle("95 % intervals", key="bt_intervals")
+table(res["rules"], "bt_table", ORDER, pinned=1, intervals=with_ci)
 swept = sorted({r["rule"] for r in res["rules"] if sum(x["rule"] == r["rule"] for x in res["rules"]) > 1})
 if swept:
     st.subheader("Threshold sweeps: recall vs false alarms")
@@ -128,7 +142,7 @@ table(res.get("predictors", []), "bt_pred", ["predictor", "calls", "calls_true",
 for name, value in res.items():  # keys a newer backtest writes (e.g. per failure kind), shown as they come
     if name in ("rules", "predictors", "unknown", "runs") or not value:
         continue
-    st.subheader(name.replace("_", " ").capitalize())
+    st.subheader(md(name.replace("_", " ").capitalize()))
     if isinstance(value, list) and all(isinstance(v, dict) for v in value):
         table(value, f"bt_extra_{name}", ["rule"])
     elif isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
@@ -150,12 +164,12 @@ rule, params = points[names.index(name)]
 bt_args: tuple[str | None, str, int, int, int] = st.session_state["bt_args"]
 out = data.rule_verdicts(gen, *bt_args, rule, params)
 if isinstance(out, str):
-    st.info(out)
+    st.info(md(out))
     st.stop()
 verdicts, alarms = out
 b_rules, b_settings = st.session_state["bt_args"][0], st.session_state["bt_args"][2:]
 st.caption(
-    f"Replayed `{name}` over the backtest's runs; a failed run's alarm counts in "
+    f"Replayed {md(name)} over the backtest's runs; a failed run's alarm counts in "
     f"[onset − {b_settings[1]}, onset + {b_settings[0]}] after a warm-up of {b_settings[2]} steps."
 )
 event = st.dataframe(
@@ -183,4 +197,6 @@ if target and st.button(label, key="bt_open_curves"):
             rule=pl.lit(f"{name} (backtest)")
         ),
     }
-    st.switch_page(PAGE["curves"].path, query_params={"run": target})
+    # the charts of the metric the rule reads (where its alarms are drawn), beside the loss
+    tags = "|".join(glob_regex(n) for n in [*data.rule_metrics(b_rules).get(rule, []), "loss"])
+    st.switch_page(PAGE["curves"].path, query_params={"run": target, "tags": tags})

@@ -2,18 +2,21 @@
 layout), TensorBoard smoothing, run groups with mean and band (W&B's), alerts and events on
 each chart's own curve; the whole view is kept in the URL."""
 
-import html
-import re
+import functools
 
 import numpy as np
 import polars as pl
 import streamlit as st
 
-from workbench.app import charts, data, state
+from workbench.app import charts, data, state, untrusted
+from workbench.app.untrusted import md
 
 MAX_CHARTS = 24
 PAGE_WIDTH_PX = 1300  # the wide layout's plot area at a 1440 px window
 PX_PER_BUCKET = 2  # a bucket keeps up to 4 points: 2 px each draws the same line at half the points
+POINTS_PER_CHART = 20_000  # what a sweep's lines share on one chart: each drawn in fewer buckets
+MIN_BUCKETS = 8
+ALERTS_MAX_RUNS = 20  # above this many runs, alerts start hidden (their count is shown)
 
 st.title("Curves")
 current = data.generation()
@@ -26,14 +29,15 @@ all_runs = list(data.run_starts(gen))
 PARAMS = [
     state.Param("curves_runs", "run", []),
     state.Param("curves_tags", "tags", ""),
-    state.Param("curves_smoothing", "smooth", 0.6),
-    state.Param("curves_x", "x", "step"),
+    state.Param("curves_smoothing", "smooth", 0.6, lo=0.0, hi=0.999),
+    state.Param("curves_x", "x", "step", choices=tuple(data.X_MODES)),
     state.Param("curves_log", "logy", False),
     state.Param("curves_raw", "raw", True),
     state.Param("curves_outliers", "outliers", True),
-    state.Param("curves_group", "group", "none"),
+    state.Param("curves_group", "group", "none", choices=("none", "config", "name")),
     state.Param("curves_group_key", "by", ""),
-    state.Param("curves_cols", "cols", 2),
+    state.Param("curves_cols", "cols", 2, choices=(1, 2, 3)),
+    state.Param("curves_share_zoom", "xshare", True),
     state.Param("curves_alerts", "alerts", True),
     state.Param("curves_events", "events", True),
     state.Param("curves_superseded", "replaced", False),
@@ -65,10 +69,10 @@ tag_df = data.tags(gen, tuple(sel))
 metric_of = dict(tag_df.select("tag", "metric").iter_rows())
 if tag_filter:
     try:
-        pattern = re.compile(tag_filter)
-        chosen = [t for t in tag_df["tag"] if pattern.search(t)]
-    except re.error:
-        st.warning(f"Not a valid regular expression: `{tag_filter}`")
+        all_tags = tag_df["tag"].to_list()
+        chosen = [t for t, hit in zip(all_tags, untrusted.matches(tag_filter, all_tags), strict=True) if hit]
+    except untrusted.BadPattern as e:
+        st.warning(md(f"Tags {tag_filter}: {e}"))
         chosen = []
 else:
     chosen = tag_df.filter(pl.col("metric") == "loss")["tag"].to_list()[:2] or tag_df["tag"].to_list()[:1]
@@ -76,8 +80,9 @@ else:
 with st.expander("Groups, layout, markers, live refresh"):
     g1, g2, g3 = st.columns([1, 2, 1])
     group_how = g1.radio("Group runs", ["none", "config", "name"], horizontal=True, key="curves_group")
-    if group_how == "config":
-        cfg_keys = [c for c in data.configs(gen).columns if c != "run_id"]
+    if group_how == "config":  # the keys some picked run has (else every run lands in one `=None` group)
+        cfg = data.configs(gen).filter(pl.col("run_id").is_in(sel))
+        cfg_keys = [c for c in cfg.columns if c != "run_id" and cfg[c].null_count() < cfg.height]
         state.keep_only("curves_group_key", cfg_keys)
         group_key = g2.selectbox("by config key", cfg_keys, key="curves_group_key", placeholder="no configs")
     elif group_how == "name":
@@ -89,8 +94,18 @@ with st.expander("Groups, layout, markers, live refresh"):
     else:
         group_key = ""
     cols = g3.selectbox("Charts per row", [1, 2, 3], key="curves_cols")
+    share_zoom = g3.checkbox("one x zoom for all charts", key="curves_share_zoom")
     m1, m2, m3, m4 = st.columns(4)
-    show_alerts = m1.checkbox("alerts", key="curves_alerts")
+    all_alerts = data.alerts(gen, tuple(sel))
+    many = len(sel) > ALERTS_MAX_RUNS
+    if st.session_state.get("curves_alerts_many") != many and "alerts" not in st.query_params:
+        st.session_state["curves_alerts"] = not many  # a sweep starts without markers; a few runs with
+    st.session_state["curves_alerts_many"] = many
+    show_alerts = m1.checkbox(
+        f"alerts ({all_alerts.height:,} stored)",
+        key="curves_alerts",
+        help=f"Drawn on the chart of the metric that fired; off at first above {ALERTS_MAX_RUNS} runs.",
+    )
     show_events = m2.checkbox("events (overflow, checkpoint, resume, recovery)", key="curves_events")
     show_replaced = m3.checkbox(
         "points replaced by a resume",
@@ -100,7 +115,7 @@ with st.expander("Groups, layout, markers, live refresh"):
     live = m4.toggle(
         "Live refresh", key="curves_live", help="Re-read the store every few seconds while it is written."
     )
-    stored_rules = sorted(data.alerts(gen, tuple(sel))["rule"].unique().to_list())
+    stored_rules = sorted(all_alerts["rule"].unique().to_list())
     alert_rules = st.multiselect(
         "Alert rules drawn", stored_rules, default=stored_rules, key="curves_alert_rules"
     )
@@ -114,7 +129,12 @@ def chart_grid() -> None:
     smoothing = c1.slider("Smoothing (TensorBoard EMA)", 0.0, 0.999, step=0.001, key="curves_smoothing")
     x_mode = c2.radio("x axis", data.X_MODES, horizontal=True, key="curves_x")
     log_y = c3.checkbox("log y", key="curves_log")
-    show_raw = c4.checkbox("raw line", key="curves_raw", help="The unsmoothed points, faint behind the line.")
+    show_raw = c4.checkbox(
+        "raw line",
+        key="curves_raw",
+        help=f"The unsmoothed points, faint behind the line (up to {charts.LEGEND_MAX} lines).",
+        disabled=len(sel) > charts.LEGEND_MAX,
+    )
     outliers = c5.checkbox(
         "ignore outliers",
         key="curves_outliers",
@@ -132,22 +152,38 @@ def chart_grid() -> None:
 
     groups = data.group_of(sel, group_how, group_key, gen)
     keys = list(dict.fromkeys(groups[r] for r in sel))
+    grouped = len(keys) < len(sel)
     styles = charts.line_styles(keys)
     ncols = min(cols, len(shown_tags))  # one chart takes the whole width
-    buckets = PAGE_WIDTH_PX // ncols // PX_PER_BUCKET
+    width_buckets = PAGE_WIDTH_PX // ncols // PX_PER_BUCKET
+    # a sweep's lines share the chart's points: each keeps fewer buckets, still its extremes
+    buckets = max(MIN_BUCKETS, min(width_buckets, POINTS_PER_CHART // (4 * len(keys))))
     alerts = _alerts(show_alerts)
     events = data.events(gen, tuple(sel)) if show_events else pl.DataFrame()
-    st.html(_colour_key(keys, styles))
+    legend = len(keys) <= charts.LEGEND_MAX
+    if not legend:
+        with st.expander(
+            f"Colour key ({len(keys)} {'groups' if grouped else 'runs'}; each colour is shared)"
+        ):
+            st.dataframe(
+                pl.DataFrame({"line": keys, "colour": [styles[k][0] for k in keys]}),
+                hide_index=True,
+                key="curves_colour_key",
+            )
 
     data.prefetch(gen, [(run, tag) for tag in shown_tags for run in sel])
-    curves = {  # tag -> run -> its line on that chart
-        tag: {
-            run: d
-            for run in sel
-            if (d := data.display_curve(gen, run, tag, smoothing, x_mode, show_replaced, buckets))
+    if len(sel) > charts.LEGEND_MAX:  # a sweep: one cached result per chart
+        args = (smoothing, x_mode, show_replaced, buckets)
+        curves = {tag: data.display_curves(gen, tuple(sel), tag, *args) for tag in shown_tags}
+    else:  # a few runs, each cached alone (a long run is smoothed once for every x axis)
+        curves = {  # tag -> run -> its line on that chart
+            tag: {
+                run: d
+                for run in sel
+                if (d := data.display_curve(gen, run, tag, smoothing, x_mode, show_replaced, buckets))
+            }
+            for tag in shown_tags
         }
-        for tag in shown_tags
-    }
     drawn = {tag: {r: d for r, d in cs.items() if "smooth_x" in d} for tag, cs in curves.items()}
     unit, size = charts.time_unit(max((d["span"] for cs in drawn.values() for d in cs.values()), default=0.0))
     scale = {
@@ -158,8 +194,8 @@ def chart_grid() -> None:
     x_title = {"step": "step", "relative time": f"relative time ({unit})", "wall time": "wall time (local)"}
     figures = {}
     for tag, cs in drawn.items():
-        if len(keys) < len(sel):
-            lines = _group_lines(tag, cs, keys, groups, styles, smoothing, x_mode, buckets)
+        if grouped:
+            lines = _group_lines(tag, cs, keys, groups, styles, smoothing, x_mode, width_buckets)
         else:
             lines = [
                 {**d, "name": run, "color": styles[run][0], "dash": styles[run][1]} for run, d in cs.items()
@@ -183,36 +219,88 @@ def chart_grid() -> None:
             alerts=marks_a,
             events=marks_e,
             ignore_outliers=outliers,
-            show_raw=show_raw and len(keys) == len(sel),
+            show_raw=show_raw and not grouped,
+            legend_lines=legend and len(keys) > 1,
             height=420 if ncols == 1 else 330,
         )
+
+    zoom = _x_zoom(list(figures), x_mode, share_zoom)
+    for tag, fig in figures.items():  # drag across a chart: the x range it spans, kept on every change
+        fig.update_layout(dragmode="select", selectdirection="h")
+        if tag in zoom:
+            fig.update_xaxes(range=zoom[tag], autorange=False)
 
     timed = {r for cs in drawn.values() for r in cs}
     lost = [r for r in sel if r not in timed and any(r in cs for cs in curves.values())]
     if lost and x_mode != "step":
         st.warning(
-            f"Not drawn on a time axis: {', '.join(lost)}. No source of "
+            f"Not drawn on a time axis: {md(', '.join(lost))}. No source of "
             f"{'this run' if len(lost) == 1 else 'these runs'} logged a wall time for these steps; "
             "choose x = step to see them."
         )
-    for prefix, tags_in in _sections(list(figures)):
-        if prefix:
-            st.markdown(f"**{html.escape(prefix)}/**")
-        for i in range(0, len(tags_in), ncols):
-            for col, tag in zip(st.columns(ncols), tags_in[i : i + ncols], strict=False):
-                col.plotly_chart(figures[tag], key=f"curves_chart_{tag}", width="stretch")
-    st.caption(_notes(curves, timed, buckets, x_mode, show_replaced))
+    sections = _sections(list(figures))
+    for prefix, tags_in in sections:
+        if len(sections) > 1:
+            st.markdown(f"**{md(prefix)}/**" if prefix else "**(no prefix)**")
+        n = min(ncols, len(tags_in))  # a section of one chart takes the whole width
+        for i in range(0, len(tags_in), n):
+            for col, tag in zip(st.columns(n), tags_in[i : i + n], strict=False):
+                col.plotly_chart(
+                    figures[tag],
+                    key=_chart_key(x_mode, tag),
+                    width="stretch",
+                    on_select=functools.partial(_zoomed, x_mode, tag),
+                    selection_mode="box",
+                )
+    st.caption(_notes(curves, timed, buckets, x_mode, show_replaced, len(sel) > charts.LEGEND_MAX))
 
 
-def _notes(curves: dict, timed: set, buckets: int, x_mode: str, show_replaced: bool) -> str:
+def _chart_key(x_mode: str, tag: str) -> str:
+    return f"curves_chart_{x_mode}_{tag}"  # a zoom per x axis: steps and seconds do not mix
+
+
+ZOOM = "curves_zoom"  # x_mode -> tag -> the x range a user dragged across; "*": the latest, for all charts
+
+
+def _zoomed(x_mode: str, tag: str) -> None:
+    """A chart's selection changed (a user's drag, or a double-click clearing it): keep its x
+    range apart from the chart, whose own selection Streamlit drops whenever it is redrawn."""
+    try:
+        box = st.session_state[_chart_key(x_mode, tag)]["selection"]["box"]
+    except (KeyError, TypeError):
+        box = []
+    zoom = st.session_state.setdefault(ZOOM, {}).setdefault(x_mode, {})
+    if box and len(box[-1].get("x") or []) == 2:
+        zoom[tag] = zoom["*"] = sorted(box[-1]["x"])
+    else:  # a double-click: back to the whole (outlier-robust) view
+        zoom.pop(tag, None)
+        zoom.pop("*", None)
+
+
+def _x_zoom(tags: list[str], x_mode: str, shared: bool) -> dict[str, list]:
+    """tag -> the x range to show: the chart's own drag, or with `shared` the latest drag on any
+    chart (a plotly zoom would not survive: Streamlit redraws a chart on every control change)."""
+    zoom = st.session_state.get(ZOOM, {}).get(x_mode, {})
+    if shared and "*" in zoom:
+        return dict.fromkeys(tags, zoom["*"])
+    return {t: zoom[t] for t in tags if t in zoom}
+
+
+def _notes(curves: dict, timed: set, buckets: int, x_mode: str, show_replaced: bool, sweep: bool) -> str:
     """What the charts leave out or take from elsewhere, in numbers."""
     ds = [(run, d) for cs in curves.values() for run, d in cs.items()]
     total = {k: sum(d[k] for _, d in ds) for k in ("points", "replaced", "duplicates", "borrowed_times")}
-    notes = [
-        f"{total['points']:,} points; each line keeps the first, min, max and last point of each of "
-        f"{buckets} buckets ({PX_PER_BUCKET} pixels each), so spikes and NaN markers survive; "
-        "smoothing runs on the full series."
-    ]
+    if sweep:
+        drawn = (
+            f"each of the {len(sel)} lines is drawn at up to {4 * buckets} evenly spaced points of its "
+            "smoothed series (pick 20 runs or fewer for every spike)"
+        )
+    else:
+        drawn = (
+            f"each line keeps the first, min, max and last point of each of {buckets} buckets "
+            f"({PX_PER_BUCKET} pixels each), so spikes and NaN markers survive"
+        )
+    notes = [f"{total['points']:,} points; {drawn}; smoothing runs on the full series."]
     if total["replaced"]:
         shown = "shown as open circles" if show_replaced else "hidden"
         notes.append(f"{total['replaced']:,} points replaced by a resume ({shown}).")
@@ -232,14 +320,15 @@ def _notes(curves: dict, timed: set, buckets: int, x_mode: str, show_replaced: b
     if partly:
         notes.append(
             "Left out for want of a wall time: "
-            + ", ".join(f"{n:,} points of {r}" for r, n in partly.items())
+            + ", ".join(f"{n:,} points of {md(r)}" for r, n in partly.items())
             + "."
         )
     return " ".join(notes)
 
 
 def _sections(tags: list[str]) -> list[tuple[str, list[str]]]:
-    """Tags grouped by their prefix (the part before the first '/'), in order of appearance."""
+    """Tags grouped by their prefix (the part before the first '/'), in order of appearance;
+    tags without one together under a heading of their own."""
     out: dict[str, list[str]] = {}
     for t in tags:
         out.setdefault(t.split("/", 1)[0] if "/" in t else "", []).append(t)
@@ -277,25 +366,13 @@ def _alerts(show: bool) -> pl.DataFrame:
     if overlay is None:
         return alerts
     o1, o2 = st.columns([4, 1])
-    o1.caption(f"Drawing the alarms of `{overlay['rule']}` as the backtest judged them (marked “backtest”).")
+    o1.caption(f"Drawing the alarms of {md(overlay['rule'])} as the backtest judged them (open markers).")
     if o2.button("Hide them", key="curves_hide_overlay"):
         del st.session_state["bt_overlay"]
         return alerts
     alerts = alerts.filter(pl.col("rule") != overlay["rule"])
-    return (
-        pl.concat([alerts, overlay["alerts"]], how="diagonal_relaxed")
-        if not alerts.is_empty()
-        else overlay["alerts"]
-    )
-
-
-def _colour_key(keys: list[str], styles: dict) -> str:
-    items = " ".join(
-        f'<span style="white-space:nowrap;margin-right:14px"><span style="color:{styles[k][0]};font-weight:900">'
-        f"━━</span> {html.escape(k)}</span>"
-        for k in keys
-    )
-    return f'<div style="font-size:0.9rem;line-height:1.8">{items}</div>'
+    ours = overlay["alerts"].with_columns(rule_id=pl.lit(overlay["rule"]), backtest=pl.lit(True))
+    return pl.concat([alerts, ours], how="diagonal_relaxed") if not alerts.is_empty() else ours
 
 
 def _rescale(line: dict, scale) -> dict:
@@ -311,14 +388,17 @@ def _rescale(line: dict, scale) -> dict:
 def _alerts_on(
     alerts: pl.DataFrame, tag: str, metric, curves: dict, styles: dict, groups: dict
 ) -> list[dict]:
-    """An alert sits on each chart of its run (or only on its tag's, when the rule names one)."""
+    """The alerts that fired on this chart's metric, each on its run's curve: the tag an alert
+    names, else the metrics its rule reads, else (a rule the app does not know) the chart
+    whose value at the step is the alert's."""
     out: list[dict] = []
     if alerts.is_empty():
         return out
     live = "source" in alerts.columns
+    reads_of = data.rule_metrics(st.session_state.get("bt_rules_text"))
     for a in alerts.iter_rows(named=True):
         d = curves.get(a["run_id"])
-        if d is None or (a.get("tag") and a["tag"] not in (tag, metric)):
+        if d is None or not _fired_on(a, tag, metric, reads_of):
             continue
         x, y = data.place(d, a["step_fired"])
         if x is None:
@@ -335,9 +415,21 @@ def _alerts_on(
                 + (f" · raised {a['raised_at']}" if a.get("raised_at") else ""),
                 "color": styles[groups[a["run_id"]]][0],
                 "live": live and a.get("source") == "live",
+                "backtest": bool(a.get("backtest")),
             }
         )
     return out
+
+
+def _fired_on(alert: dict, tag: str, metric, reads_of: dict) -> bool:
+    if alert.get("tag"):
+        return alert["tag"] in (tag, metric)
+    names = reads_of.get(alert.get("rule_id") or alert["rule"])
+    if names:
+        return any(untrusted.glob_match(n, tag) or n in (tag, metric) for n in names)
+    v = data.value_at(gen, alert["run_id"], tag, alert["step_fired"])
+    want = alert.get("value")
+    return v is not None and want is not None and (v == want or np.isclose(v, want, equal_nan=True))
 
 
 def _events_on(events: pl.DataFrame, curves: dict, styles: dict, groups: dict) -> list[dict]:
@@ -363,13 +455,41 @@ def _events_on(events: pl.DataFrame, curves: dict, styles: dict, groups: dict) -
 
 chart_grid()
 
+families = charts.layer_families(tag_df["tag"].to_list())
+if families:
+    with st.expander(f"Per-layer heatmaps, layer × step ({len(families)} layer families)"):
+        h1, h2 = st.columns([1, 2])
+        heat_run = h1.selectbox("Run", sel, key="curves_heat_run")
+        shown_families = h2.multiselect(
+            "Families", list(families), default=list(families)[:4], key="curves_heat_families"
+        )
+        for fam in shown_families:
+            layers = families[fam]
+            data.prefetch(gen, [(heat_run, t) for t in layers.values()])
+            st.plotly_chart(
+                charts.layer_heatmap(
+                    f"{fam} · {heat_run}",
+                    {n: data.current_points(gen, heat_run, t) for n, t in layers.items()},
+                ),
+                key=f"curves_heat_{fam}",
+                width="stretch",
+            )
+
 with st.expander("Export the selection (long format: run_id, tag, step, wall_time, value, superseded)"):
     pairs = tuple((r, t) for r in sel for t in chosen)
+    with_replaced = st.checkbox(
+        "with the points a resume replaced (superseded = true)", key="curves_export_all"
+    )
     if st.button("Prepare CSV and Parquet", key="curves_export"):
+        st.session_state["curves_export_ready"] = True
+    if st.session_state.get("curves_export_ready"):  # the buttons stay for another download
         e1, e2 = st.columns(2)
-        e1.download_button(
-            "Download CSV", data.export(gen, pairs, "csv"), "curves.csv", "text/csv", key="curves_csv"
-        )
-        e2.download_button(
-            "Download Parquet", data.export(gen, pairs, "parquet"), "curves.parquet", key="curves_parquet"
-        )
+        for col, fmt, mime in ((e1, "csv", "text/csv"), (e2, "parquet", "application/octet-stream")):
+            col.download_button(
+                f"Download {fmt.upper() if fmt == 'csv' else fmt.capitalize()}",
+                data.export(gen, pairs, fmt, with_replaced),
+                f"curves.{fmt}",
+                mime,
+                key=f"curves_{fmt}",
+                on_click="ignore",
+            )

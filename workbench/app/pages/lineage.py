@@ -5,6 +5,7 @@ import polars as pl
 import streamlit as st
 
 from workbench.app import charts, data, state
+from workbench.app.untrusted import md
 
 st.title("Lineage")
 gen = data.generation()
@@ -44,7 +45,7 @@ outliers = c3.checkbox(
 state.publish(PARAMS)
 s = data.stitched(gen, run, tag)
 if s.is_empty():
-    st.info(f"No `{tag}` points along this path.")
+    st.info(f"No {md(tag)} points along this path.")
     st.stop()
 hops = s["run_id"].unique(maintain_order=True).to_list()
 styles = charts.line_styles(hops)

@@ -4,7 +4,8 @@ a parallel-coordinates view of config against the final loss."""
 import polars as pl
 import streamlit as st
 
-from workbench.app import PAGE, charts, data, state
+from workbench.app import PAGE, charts, data, state, untrusted
+from workbench.app.untrusted import md
 
 st.title("Runs")
 gen = data.generation()
@@ -40,9 +41,11 @@ shown = runs.filter(
 )
 if pattern:
     try:
-        shown = shown.filter(pl.col("run_id").str.contains(pattern))
-    except pl.exceptions.ComputeError:  # an unfinished regex while typing
-        st.warning(f"Not a valid regular expression: `{pattern}`")
+        shown = shown.filter(
+            pl.Series(untrusted.matches(pattern, shown["run_id"].to_list()), dtype=pl.Boolean)
+        )
+    except untrusted.BadPattern as e:  # an unfinished regex while typing
+        st.warning(md(f"Run name {pattern}: {e}"))
 st.caption(
     f"{shown.height} of {runs.height} runs · store generation {gen} · select rows to compare them on the Curves page"
 )
@@ -73,7 +76,11 @@ elif "run" in st.query_params:
     del st.query_params["run"]
 
 st.subheader("Config")
-cfg = data.configs(gen).filter(pl.col("run_id").is_in(shown["run_id"].implode()))
+compared = picked or shown["run_id"].to_list()  # the ticked runs, else every run the filter shows
+st.caption(
+    f"Of the {len(picked)} ticked runs." if picked else "Of the runs shown (tick rows to compare those)."
+)
+cfg = data.configs(gen).filter(pl.col("run_id").is_in(compared))
 if cfg.is_empty():
     st.info("None of these runs logged a config (hparams, trainer arguments, a DeepSpeed config).")
     st.stop()
