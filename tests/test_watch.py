@@ -8,16 +8,13 @@ from __future__ import annotations
 import http.server
 import json
 import math
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import ingest_paths
+from conftest import cli, ingest_paths
 from rich.console import Console
 from tensorboardX import SummaryWriter
 
@@ -202,29 +199,14 @@ def test_cli_watch_until_finished(tmp_path):
     job.close()
     rules = tmp_path / "rules.toml"
     rules.write_text('[[rule]]\nid = "nan"\nwhen = "not (abs(loss) < 1e308)"\n')
-    env = {**os.environ, "WORKBENCH_STORE": str(tmp_path / "store")}
+    store = Store(tmp_path / "store")
     t0 = time.monotonic()
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "workbench",
-            "watch",
-            str(tmp_path / "runs"),
-            "--rules",
-            str(rules),
-            "--until-finished",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert p.returncode == 0, p.stderr
+    r = cli("watch", tmp_path / "runs", "--rules", rules, "--until-finished", store=store)
+    assert r.exit_code == 0, r.stderr
     assert time.monotonic() - t0 < 60
     # alerts in what was already logged when the watch started are stored, not sent
-    assert p.stdout == "" and "1 alerts in what was already logged" in p.stderr
-    alerts = Store(tmp_path / "store").connect().sql("SELECT rule, step_start, source FROM alerts").pl()
+    assert r.stdout == "" and "1 alerts in what was already logged" in r.stderr
+    alerts = store.connect().sql("SELECT rule, step_start, source FROM alerts").pl()
     assert alerts.rows() == [("nan", 170, "live")]
 
 

@@ -19,8 +19,15 @@ KERAS = DATA / "keras_tf2_swahili_stt"
 GEN = DATA / "generated"
 
 
-def test_keras_v2_file_epoch_loss_and_profile_placeholder_skipped(store):
-    report = ingest_paths(store, KERAS)
+@pytest.fixture(scope="module")
+def keras_v2(tmp_path_factory):
+    """tests/data/keras_tf2_swahili_stt (Keras 2.5, epoch_loss only) ingested once: (store, report). Read only."""
+    store = Store(tmp_path_factory.mktemp("keras_v2") / "store")
+    return store, ingest_paths(store, KERAS)
+
+
+def test_keras_v2_file_epoch_loss_and_profile_placeholder_skipped(keras_v2):
+    store, report = keras_v2
     df = store.query("SELECT tag, step, value FROM scalars ORDER BY step")
     assert df["tag"].unique().to_list() == ["epoch_loss"]
     assert df["step"].to_list() == list(range(10))
@@ -304,6 +311,6 @@ def test_epoch_and_iteration_indexed_series_in_one_run_are_flagged(tmp_path_fact
     assert len(d05) == 1 and "/validation/" in d05[0]
 
 
-def test_a_keras_file_of_one_axis_is_not_flagged(store):
-    ingest_paths(store, KERAS)  # Keras 2.5, epoch_loss only
+def test_a_keras_file_of_one_axis_is_not_flagged(keras_v2):
+    store, _ = keras_v2  # Keras 2.5, epoch_loss only
     assert store.query("SELECT count(*) n FROM problems")["n"][0] == 0
