@@ -47,17 +47,29 @@ def stored(store: Store, run: str, tag: str, view: str = "scalars_all") -> dict[
     return dict(rows)
 
 
+def _stored_by_tag(store: Store, run: str, view: str) -> dict[str, dict[int, float]]:
+    """What `stored` gives, for every tag of the run at once."""
+    rows = store.query(
+        f"SELECT tag, step, value FROM {view} WHERE run_id = '{run}' ORDER BY tag, step"
+    ).rows()
+    out: dict[str, dict[int, float]] = {}
+    for tag, step, value in rows:
+        out.setdefault(tag, {})[step] = value
+    return out
+
+
 def assert_matches(
     store: Store, run: str, counts: dict, tags: dict[str, str] | None = None, view: str = "scalars_all"
 ) -> None:
     """Every counted tag (renamed by `tags`: counted name -> stored tag) has the counted number
     of points, first and last step, and the spot values (in `view`: `scalars` for a log that
     writes a step more than once, where the last write is current, as the counts take it)."""
+    every = _stored_by_tag(store, run, view)  # one query for all the run's tags
     for name, want in counts.items():
         if name.startswith("_"):
             continue
         tag = (tags or {}).get(name, name)
-        got = stored(store, run, tag, view)
+        got = every.get(tag, {})
         assert len(got) == want["points"], f"{run} {tag}: {len(got)} points, counted {want['points']}"
         assert min(got) == want["first_step"] and max(got) == want["last_step"], f"{run} {tag} steps"
         for step, value in want["spot"].items():

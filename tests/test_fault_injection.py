@@ -250,11 +250,21 @@ def test_the_case_list_is_the_corpus(corpus):
     assert sorted(CASES) == sorted(corpus[1])
 
 
+@pytest.fixture(scope="module")
+def stored(corpus):
+    """The corpus store's problem rows, and its points by source file (asked once for every case)."""
+    store = corpus[3]
+    points: dict[str, list] = {}
+    for path, *point in store.query("SELECT source_file, tag, step, value FROM scalars_all").rows():
+        points.setdefault(path, []).append(tuple(point))
+    return store.query("SELECT path, kind, message FROM problems").rows(), points
+
+
 @pytest.mark.parametrize("name", CASES)
-def test_each_bad_file_is_a_problem_row_and_keeps_its_good_points(corpus, name):
-    root, cases, _, store, _ = corpus
+def test_each_bad_file_is_a_problem_row_and_keeps_its_good_points(corpus, stored, name):
+    root, cases, *_ = corpus
     case = cases[name]
-    problems = store.query("SELECT path, kind, message FROM problems").rows()
+    problems, points = stored
     mine = [(k, m) for path, k, m in problems if path == str(case.path)]
     if case.kind is None:
         assert mine == []
@@ -263,7 +273,7 @@ def test_each_bad_file_is_a_problem_row_and_keeps_its_good_points(corpus, name):
     if case.path.name == "labels.toml":
         return
     run_id = case.path.parent.relative_to(root).as_posix()
-    got = store.query(f"SELECT tag, step, value FROM scalars_all WHERE source_file = '{case.path}'").rows()
+    got = points.get(str(case.path), [])
     assert len(got) == len(set(got))
     if case.prefix_of is not None:
         assert (

@@ -5,6 +5,7 @@ checked against an independent reader (json, csv, re, tbparse) — never the wor
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import re
 import shutil
@@ -37,9 +38,21 @@ def store(tmp_path_factory):
 
 
 def steps(store, run, tag, view="scalars", source=None):
-    where = f" AND source = '{source}'" if source else ""
-    df = store.query(f"SELECT step FROM {view} WHERE run_id = '{run}' AND tag = '{tag}'{where} ORDER BY step")
-    return df["step"].to_list()
+    """The steps of `tag` in `view` (of one `source`), in order."""
+    rows = _rows(store, store.current_generation().name, view, run).get(tag, [])
+    return [step for step, src in rows if source is None or src == source]
+
+
+@functools.cache
+def _rows(store, generation, view, run):
+    """(step, source) by tag of one run, asked once per generation of the store."""
+    out = {}
+    source = "source" if view == "scalars_all" else "NULL"  # `scalars` has one source per point
+    for tag, step, src in store.query(
+        f"SELECT tag, step, {source} FROM {view} WHERE run_id = '{run}' ORDER BY tag, step"
+    ).rows():
+        out.setdefault(tag, []).append((step, src))
+    return out
 
 
 def ds_steps(path: Path) -> list[int]:
