@@ -64,7 +64,7 @@ def context(rule: Rule) -> int | None:
     carried seeds); None when unbounded."""
     if rule.when is None:
         return _code_context(rule.detector)[0]
-    windows = [int(c.args[1].value) for c in _calls(rule.ast()) if c.fn != "abs" and c.fn not in SEEDED]
+    windows = [int(c.args[1].value) for c in _calls(rule.ast()) if len(c.args) == 2 and c.fn not in SEEDED]
     return max(windows, default=0) + 1  # +1: the point a later step takes as-of
 
 

@@ -436,6 +436,16 @@ PINS = [
     ("non_finite_loss", "diverge_nan", 179, 0, 0),
     ("non_finite_grad_norm", "hf_diverge_nan_filtered", 185, 0, 0),  # the logged loss stays finite
     ("non_finite_grad_norm", "fp16_overflow_storm", 61, 1, 5),  # the third skip in a row
+    (
+        "hf_nan_filtered",
+        "hf_diverge_nan_filtered",
+        185,
+        5,
+        5,
+    ),  # the first logged 0.0 (185 averages finite steps)
+    ("loss_robust_spike", "spike_no_recovery", 151, 1, 1),  # the second point above z 6
+    ("grad_robust_spike", "spike_no_recovery", 151, 1, 1),
+    ("zclip", "spike_recovers", 151, 0, 0),
     ("loss_scale_collapse", "fp16_overflow_storm", 61, 0, 10),
     ("loss_spike", "spike_recovers", 151, 0, 0),
     ("olmo_spike", "spike_no_recovery", 151, 0, 0),
@@ -471,7 +481,10 @@ def test_builtin_fires_on_a_real_run_of_the_kind_it_targets(real_alarms, rule, r
 @pytest.mark.parametrize("rule", [d.id for d in BUILTINS])
 def test_builtin_stays_quiet_on_healthy_runs_fp16_skips_included(real_alarms, rule):
     first, evaluable = real_alarms[0][rule]
-    assert not set(first) & set(HEALTHY)
+    if rule == "zclip":  # a clipping rule at its published z 2.5, out of the ensemble: it fires there
+        assert {"healthy_seed0", "healthy_deepspeed_fp16"} <= set(first)
+    else:
+        assert not set(first) & set(HEALTHY)
     assert rule in {p[0] for p in PINS} or rule in ("loss_drop", "P3_eval_stalled")
 
 
