@@ -460,7 +460,7 @@ PINS = [
     ("P2_dead_ffn", "representation_collapse", 159, 40, 55),
     ("P4_memory_jump", "memory_jump", 200, 20, 40),
     ("plateau", "overfit", 60, 100, 130),
-    ("lr_collapse", "plateau", 123, 0, 30),
+    ("lr_collapse", "plateau", 123, 40, 50),  # 0.5 % of its peak: later, but quiet on cosine to 0
     ("overfitting", "overfit", 60, 50, 70),
     ("overfit_gap", "overfit", 60, 0, 0),
     ("memory_pressure", "memory_leak_oom", 102, 50, 65),
