@@ -452,7 +452,7 @@ PINS = [
     ("loss_divergence", "spike_no_recovery", 151, 45, 55),  # 50 steps without coming back
     ("llmfoundry_loss_spike", "spike_no_recovery", 151, 0, 5),
     ("megatron_unexpectedly_large", "spike_no_recovery", 151, 0, 2),
-    ("ema_grad_spike", "spike_recovers", 151, 0, 0),
+    ("ema_grad_spike", "spike_no_recovery", 151, 0, 0),  # k 5: the recovered spike stays under
     ("vanishing_gradients", "attention_collapse", 153, 0, 20),
     ("gradient_flow", "attention_collapse", 153, 100, 160),  # only once the gradients are gone
     ("clip_saturation", "spike_no_recovery", 151, 0, 30),
@@ -466,6 +466,7 @@ PINS = [
     ("memory_pressure", "memory_leak_oom", 102, 50, 65),
     ("memory_growth", "memory_leak_oom", 102, 5, 15),
     ("memory_growth", "memory_jump", 200, 0, 5),
+    ("memory_jump", "memory_jump", 200, 0, 5),
     ("moe_imbalance", "moe_router_collapse", 81, 5, 20),
     ("balance_loss_share", "moe_balance_loss_dominates", 30, 0, 5),
 ]

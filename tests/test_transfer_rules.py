@@ -52,6 +52,7 @@ PINS = [
     ("non_finite_grad_norm", "divergence_nan_filtered", 100, 0, 0),
     ("non_finite_grad_norm", "divergence_nan", 128, -10, 0),  # past the GradScaler's first skips
     ("clip_saturation", "loss_spike", 82, 0, 20),
+    ("memory_jump", "memory_blowup", 125, 25, 50),  # logged every 25 steps: the third point up
     ("clip_saturation", "divergence_nan", 128, -10, 5),
     ("zclip", "loss_spike", 82, -5, 5),
     ("lightning_spike", "loss_spike_unrecovered", 102, 0, 0),

@@ -60,6 +60,7 @@ BUILTINS: list[Detector] = [
     plateaus.OverfitGap(),
     memory.MemoryPressure(),
     memory.MemoryGrowth(),
+    memory.MemoryJump(),
     moe.MoeImbalance(),
     moe.BalanceLossShare(),
 ]
