@@ -79,10 +79,11 @@ class SigmaSpike(Detector):
     window: int = 50
     k: float = 5.0
     exclude_flagged: bool = False
+    for_steps: int = 2  # a corrupt batch's one-point spike the loss recovers from at once is none
     cooldown: int = 20
     id = "loss_spike"
     severity = "warning"
-    in_ensemble = False  # loss_robust_spike (scale-free, two points) takes its place there
+    in_ensemble = False  # loss_robust_spike (scale-free) takes its place there
     grid = {"k": [3.0, 4.0, 5.0, 6.0, 8.0], "window": [20, 50, 100]}
 
     def conditions(self, data):
@@ -121,6 +122,7 @@ class OlmoSpike(SigmaSpike):
 
     window: int = 128
     k: float = 6.0
+    for_steps: int = 1  # OLMo-core flags every spike step
     id = "olmo_spike"
     origin = "olmo-core"
     in_ensemble = True
