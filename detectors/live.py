@@ -77,8 +77,8 @@ def _code_context(d) -> tuple[int | None, int | None]:
     """(points, event steps) for the built-ins computed in code whose state is bounded."""
     if isinstance(d, GradientFlow):
         return 1, 0
-    if isinstance(d, ClipSaturation):
-        return d.window + 1, 0
+    if isinstance(d, ClipSaturation):  # the share over a window against the window before it
+        return 2 * d.window, 0
     if isinstance(d, LossScaleCollapse):
         return 0, d.window + 1
     return None, None  # Plateau (best so far), spikes whose baseline skips flagged points, ...
