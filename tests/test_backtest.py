@@ -702,7 +702,9 @@ def test_every_labelled_run_a_rule_could_not_evaluate_is_listed_with_why(builtin
     why = {(r["rule"], r["run_id"]): r["reason"] for r in res.not_evaluable}
     # the Keras run logs no gradient norm; it logged 12 epochs, fewer than a 50-step window
     assert why["non_finite_grad_norm", "keras_csvlogger_appended"] == "no such metric: grad_norm not logged"
-    assert why["loss_spike", "keras_csvlogger_appended"] == "too few steps: 12 logged, the rule needs 50"
+    assert (
+        why["loss_spike", "keras_csvlogger_appended"] == "too few steps: 12 logged, the rule needs 51"
+    )  # window 50, two points
     # the overflow storm starts at step 70: 79 steps up to onset + horizon, not OLMo's 128
     assert why["olmo_spike", "fp16_overflow_storm"] == (
         "too few steps: 79 logged before the failure, the rule needs 128"
