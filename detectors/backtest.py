@@ -410,7 +410,7 @@ def _points(rule: Rule) -> list[Rule]:
 def _in_ensemble(rule: Rule, explicit: bool) -> bool:
     """Without a rule file the ensemble is the built-ins (the guides' set repeats them); with one,
     every rule of the file."""
-    return explicit or rule.detector is not None
+    return explicit or (rule.detector is not None and rule.detector.in_ensemble)
 
 
 def _tune(con, scored, runs, settings, budget, folds, holdout_glob, fams) -> tuple[list[dict], list[dict]]:

@@ -10,7 +10,7 @@ from detectors import language
 from detectors.language import Binary, Call, Name, Num, Unary
 from detectors.rules import Rule
 from detectors.series import UNIT, ReplayError, SeriesData, group_starts
-from detectors.windows import SEEDED, leaf_values
+from detectors.windows import SEEDED, leaf_values, peer_z
 
 
 def _compile(node, leaves: dict) -> pl.Expr:
@@ -18,7 +18,10 @@ def _compile(node, leaves: dict) -> pl.Expr:
     if isinstance(node, Num):
         return pl.lit(node.value, pl.Float64)
     if isinstance(node, Name) or (isinstance(node, Call) and node.fn != "abs"):
-        if isinstance(node, Call):
+        if isinstance(node, Call) and node.fn in language.PEER:
+            if not isinstance(node.args[0], Name):
+                raise ReplayError(f"{node.fn}(): the argument must be a metric or tag")
+        elif isinstance(node, Call):
             if not isinstance(node.args[0], Name):
                 raise ReplayError(
                     f"{node.fn}(): the first argument must be a metric or tag (windows run on logged points)"
@@ -57,6 +60,8 @@ def _leaf_name(node) -> Name:
 def _text(node) -> str:
     if isinstance(node, Name):
         return f"`{node.name}`" if node.quoted else node.name
+    if len(node.args) == 1:
+        return f"{node.fn}({_text(node.args[0])})"
     return f"{node.fn}({_text(node.args[0])}, {node.args[1].value:g})"
 
 
@@ -71,7 +76,9 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
         s = data.series(name)
         if isinstance(node, Call):
             ck: tuple = ("leaf", text_key)
-            if ck not in data.cache:
+            if ck not in data.cache and node.fn in language.PEER:
+                data.cache[ck] = s.with_columns(value=peer_z(s, run_groups(data, s)))
+            elif ck not in data.cache:
                 seed = data.seeds.get(text_key) if node.fn in SEEDED else None
                 data.cache[ck] = s.with_columns(value=leaf_values(node.fn, node.args[1].value, s, seed))
             s = data.cache[ck]
@@ -118,6 +125,17 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
     grid = grid.with_columns(cond=expr.fill_null(False))
     texts = [_text(node) for _, (c, node) in leaves.items()]
     return grid.select(*UNIT, "step", "cond", *[c for c, _, _ in frames]), texts, data.run_ids(rids)
+
+
+def run_groups(data: SeriesData, s: pl.DataFrame) -> pl.DataFrame:
+    """(rid, group) for the runs of `s`: a run's group is the folder of its run id (`proj/run_a`
+    -> `proj`; top-level runs share one group), as W&B compares a run with its project's."""
+    rids = s["rid"].unique().sort()
+    names = [data.run_name[i] for i in rids.to_list()]
+    return pl.DataFrame(
+        {"rid": rids, "group": [n.rsplit("/", 1)[0] if "/" in n else "" for n in names]},
+        schema={"rid": pl.Int32, "group": pl.String},
+    )
 
 
 def rule_conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], list[str]]:

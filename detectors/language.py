@@ -2,6 +2,8 @@
 
     grad_norm < 1e-5 and attn_entropy < 0.3
     loss > mean(loss, 100) + 3 * std(loss, 100)
+    loss - median(loss, 50) > 8 * 1.4826 * mad(loss, 50)     # a robust z-score
+    peer_z(loss) > 3                        # against the other runs of its group at this step
     `grad_norm/layer_0` / `grad_norm/layer_1` > 1000
     not (loss < 1e30)                       # true on NaN and Inf: NaN compares false
 
@@ -37,8 +39,22 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "delta": (("s", "n"), "this value minus the value k logged values earlier"),
     "pct_change": (("s", "n"), "relative change from the value k logged values earlier"),
     "max_first": (("s", "n"), "maximum of the series' first n values (known once n are logged)"),
+    "median": (("s", "n"), "median of the n values before this step"),
+    "mad": (
+        ("s", "n"),
+        "median absolute deviation from their median of the n values before this step "
+        "(x 1.4826 is a standard deviation for normal noise)",
+    ),
+    "peer_z": (
+        ("s",),
+        "z-score of this run's value against the other runs of its group (the runs in the same "
+        "folder of run ids) at this step: each peer's latest value at or before it, 3 peers or more",
+    ),
     "abs": (("s",), "absolute value"),
 }
+
+# functions of one series argument computed over a run's group rather than its own points
+PEER = ("peer_z",)
 
 
 MAX_RULE_CHARS = 4096
@@ -55,6 +71,8 @@ WINDOWS: dict[str, tuple[float, float, bool, str]] = {
     "delta": (1, MAX_WINDOW, True, "lag"),
     "pct_change": (1, MAX_WINDOW, True, "lag"),
     "max_first": (1, MAX_WINDOW, True, "count"),
+    "median": (1, MAX_WINDOW, True, "window"),
+    "mad": (2, MAX_WINDOW, True, "window"),
     "ema": (0, 1, False, "smoothing weight"),
 }
 
@@ -254,6 +272,8 @@ class _Parser:
                     self.text, col, f"{fn}(): the window/weight must be a number or a parameter"
                 )
         call = Call(fn, tuple(args), col)
+        if fn in PEER and not isinstance(args[0], Name):
+            raise RuleSyntaxError(self.text, col, f"{fn}(): the argument must be a metric or tag")
         if fn in WINDOWS:
             if not isinstance(args[0], Name):
                 raise RuleSyntaxError(

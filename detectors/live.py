@@ -65,7 +65,7 @@ def context(rule: Rule) -> int | None:
     carried seeds); None when unbounded."""
     if rule.when is None:
         return _code_context(rule.detector)[0]
-    windows = [int(c.args[1].value) for c in _calls(rule.ast()) if c.fn != "abs" and c.fn not in SEEDED]
+    windows = [int(c.args[1].value) for c in _calls(rule.ast()) if len(c.args) == 2 and c.fn not in SEEDED]
     return max(windows, default=0) + 1  # +1: the point a later step takes as-of
 
 
@@ -78,8 +78,8 @@ def _code_context(d) -> tuple[int | None, int | None]:
     """(points, event steps) for the built-ins computed in code whose state is bounded."""
     if isinstance(d, GradientFlow):
         return 1, 0
-    if isinstance(d, ClipSaturation):
-        return d.window + 1, 0
+    if isinstance(d, ClipSaturation):  # the share over a window against the window before it
+        return 2 * d.window, 0
     if isinstance(d, LossScaleCollapse):
         return 0, d.window + 1
     return None, None  # Plateau (best so far), spikes whose baseline skips flagged points, ...

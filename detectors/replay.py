@@ -28,11 +28,13 @@ if TYPE_CHECKING:
     from workbench.executor import Executor
 
 GUIDES = Path(__file__).resolve().parent / "guides.toml"
+PUBLISHED = Path(__file__).resolve().parent / "published.toml"  # trainers' and services' alarms
 
 
 def default_rules() -> list[Rule]:
-    """The built-in detectors and the guides' rule set (detectors/guides.toml)."""
-    return builtin_rules() + load_rule_file(GUIDES)
+    """The built-in detectors, the guides' rule set (detectors/guides.toml) and the trainers'
+    and services' published alarms (detectors/published.toml)."""
+    return builtin_rules() + load_rule_file(GUIDES) + load_rule_file(PUBLISHED)
 
 
 def select_runs(store: Store, runs_glob: str | None = None) -> list[tuple[str, int]]:

@@ -1,5 +1,6 @@
-"""Leaves: window functions of one series (delta, pct_change, mean, std, min, max, slope, ema,
-max_first) computed on its own logged points, and the numba kernels behind them.
+"""Leaves: window functions of one series (delta, pct_change, mean, std, min, max, median, mad,
+slope, ema, max_first) computed on its own logged points, the peer function (peer_z) computed
+over a run's group, and the numba kernels behind them.
 
 Every leaf value is a function of a bounded stretch of its series' past points (the window),
 or of a small state carried from the points before (ema, max_first: their seeds). So a live watch
@@ -17,6 +18,7 @@ from detectors.series import UNIT, ReplayError, group_starts
 from workbench.jit import njit
 
 WINDOW_STATS = {"mean": 0, "std": 1, "min": 2, "max": 3}
+ROBUST = {"median": False, "mad": True}  # window medians: of the values, of their deviations
 SEEDED = ("ema", "max_first")  # leaves carrying state from every earlier point
 
 
@@ -31,7 +33,7 @@ def leaf_values(fn: str, n: float, s: pl.DataFrame, seed: pl.DataFrame | None = 
         return s.select(v / v.shift(k).over(UNIT) - 1).to_series()
     if fn == "ema" and not 0 <= n < 1:
         raise ReplayError(f"ema(x, w): the smoothing weight must be in [0, 1), got {n}")
-    if fn not in WINDOW_STATS and fn not in SEEDED and fn != "slope":
+    if fn not in WINDOW_STATS and fn not in SEEDED and fn not in ROBUST and fn != "slope":
         raise ReplayError(f"{fn}() needs a metric as its first argument")
     starts = group_starts(s["rid"], s["key"])
     x = s["value"].to_numpy().astype(np.float64)
@@ -40,6 +42,8 @@ def leaf_values(fn: str, n: float, s: pl.DataFrame, seed: pl.DataFrame | None = 
         return pl.Series(out)  # NaN (not null) before the first full window, as always
     if fn in WINDOW_STATS:
         out, valid = _window_stat(starts, x, k, WINDOW_STATS[fn])
+    elif fn in ROBUST:
+        out, valid = _window_median(starts, x, k, ROBUST[fn])
     else:
         s0, s1 = _seed_arrays(s, seed)
         kernel = _ema if fn == "ema" else _max_first
@@ -126,6 +130,64 @@ def _window_stat(starts, x, k, stat):
                 out[i] = np.sqrt(ss / (k - 1))
             valid[i] = stat == 0 or k > 1
     return out, valid
+
+
+@njit(cache=True, nogil=True)
+def _window_median(starts, x, k, mad):
+    """Median (or median absolute deviation from the median) of the k values before each point,
+    per group; a window holding NaN gives NaN; null (valid False) until k values came before."""
+    out = np.full(x.shape[0], np.nan)
+    valid = np.zeros(x.shape[0], np.bool_)
+    for g in range(starts.shape[0] - 1):
+        for i in range(starts[g] + k, starts[g + 1]):
+            w = x[i - k : i]
+            valid[i] = True
+            if np.isnan(w).any():
+                continue
+            m = np.median(w)
+            out[i] = np.median(np.abs(w - m)) if mad else m
+    return out, valid
+
+
+def peer_z(s: pl.DataFrame, group: pl.DataFrame, min_peers: int = 3) -> pl.Series:
+    """Per point of `s` (rid, key, step, value, sorted), the z-score of its value against the
+    other runs of its group at that step: each peer's latest finite value at or before the step
+    (a peer counts from its first logged step to its last), their mean and sample standard
+    deviation; null with fewer than `min_peers` peers or no spread. `group` maps rid -> group."""
+    v = s.select("rid", "key", "step", x=finite_or_null_value()).with_row_index("_i")
+    v = v.join(group, on="rid", how="left")
+    steps = v.select("group", "step").unique()
+    spans = v.group_by("rid", "key", "group").agg(lo=pl.col("step").min(), hi=pl.col("step").max())
+    # every (peer, step of its group) inside the peer's logged span, with its latest value
+    grid = spans.join(steps, on="group").filter(pl.col("step").is_between("lo", "hi")).sort("step")
+    latest = grid.join_asof(
+        v.drop_nulls("x").select("rid", "key", "step", "x").sort("step"),
+        on="step",
+        by=["rid", "key"],
+        strategy="backward",
+        check_sortedness=False,
+    ).drop_nulls("x")
+    sums = latest.group_by("group", "step").agg(n=pl.len(), s1=pl.col("x").sum(), s2=(pl.col("x") ** 2).sum())
+    me = latest.select("rid", "key", "step", own=pl.col("x"))
+    j = (
+        v.join(sums, on=["group", "step"], how="left")
+        .join(me, on=["rid", "key", "step"], how="left")
+        .sort("_i")
+    )
+    own = pl.col("own").fill_null(0.0)
+    n = pl.col("n") - pl.col("own").is_not_null().cast(pl.Int64)  # the run itself is no peer
+    s1 = pl.col("s1") - own
+    s2 = pl.col("s2") - own**2
+    mean = s1 / n
+    var = (s2 - s1 * mean) / (n - 1)
+    z = (pl.col("x") - mean) / var.sqrt()
+    ok = (n >= min_peers) & (var > 0)
+    return j.select(pl.when(ok).then(z)).to_series()
+
+
+def finite_or_null_value() -> pl.Expr:
+    v = pl.col("value")
+    return pl.when(v.is_finite()).then(v)
 
 
 @njit(cache=True, nogil=True)

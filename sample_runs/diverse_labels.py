@@ -103,9 +103,12 @@ def write_labels(out: Path, specs: list[Spec], seconds: dict[str, float]) -> lis
         lines.append(f"note = {json.dumps(note)}")
         extra = {**spec.family, "dataset_sha256": sha[spec.dataset], "seconds": round(seconds[spec.name], 1)}
         extra |= evidence(out / spec.name, spec)
+        extra.pop("trainer", None)  # label_entry wrote it (a TOML key once per table)
         lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
         lines.append("")
-        rows.append({"run": spec.name, "kind": spec.kind, "outcome": outcome, **extra})
+        rows.append(
+            {"run": spec.name, "kind": spec.kind, "outcome": outcome, "trainer": spec.trainer, **extra}
+        )
     (out / "labels.toml").write_text("\n".join(lines))
     return rows
 

@@ -28,7 +28,7 @@ RULES = [
     Rule("layers", "`gn/layer_*` > 1.5 * ema(`gn/layer_*`, 0.8) and loss > 0"),
     GradientFlow(layer_prefix="gn/layer_", explode=2.0).rule(),
     LossScaleCollapse(overflows=3, window=10).rule(),
-    ClipSaturation(window=6, share=0.5).rule(),
+    ClipSaturation(window=6, rise=0.5).rule(),
     Plateau(metric="eval_loss", patience=2).rule(),
 ]
 POINTS = {"tag": pl.String, "metric": pl.String, "step": pl.Int64, "value": pl.Float64, "rank": pl.Int64}
@@ -156,5 +156,5 @@ def test_live_incremental_equals_one_shot_replay(seed, n, cuts, lag, nan_at, res
 def test_context_is_the_longest_window_plus_one():
     assert context(Rule("t", "loss > mean(loss, 100) + 3 * std(loss, 20)")) == 101
     assert context(Rule("t", "grad_norm > 5 * ema(grad_norm, 0.95)")) == 1  # seeded: no window
-    assert context(ClipSaturation(window=50).rule()) == 51
+    assert context(ClipSaturation(window=50).rule()) == 100
     assert context(Plateau().rule()) is None  # best so far: the whole run

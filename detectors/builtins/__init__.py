@@ -35,14 +35,18 @@ from detectors.rules import Rule
 BUILTINS: list[Detector] = [
     nonfinite.NonFinite(),
     nonfinite.NonFiniteGradNorm(),
+    nonfinite.HfNanFiltered(),
     nonfinite.LossScaleCollapse(),
+    loss.RobustLossSpike(),
     loss.SigmaSpike(),
     loss.SigmaDrop(),
     loss.OlmoSpike(),
     loss.LossDivergence(),
     loss.LlmFoundrySpike(),
     loss.MegatronSpike(),
+    gradients.RobustGradSpike(),
     gradients.EmaGradSpike(),
+    gradients.ZClip(),
     gradients.VanishingGradients(),
     gradients.GradientFlow(),
     gradients.ClipSaturation(),
@@ -56,9 +60,16 @@ BUILTINS: list[Detector] = [
     plateaus.OverfitGap(),
     memory.MemoryPressure(),
     memory.MemoryGrowth(),
+    memory.MemoryJump(),
     moe.MoeImbalance(),
     moe.BalanceLossShare(),
 ]
+
+
+def ensemble_builtins() -> list[Detector]:
+    """The built-ins the any-of ensemble is made of (published alarms at their own defaults,
+    such as ZClip's, are scored beside them but stay out)."""
+    return [d for d in BUILTINS if d.in_ensemble]
 
 
 def builtin_rules() -> list[Rule]:

@@ -25,6 +25,8 @@ class Detector:
     id = "detector"
     severity = "warning"
     description = ""
+    origin = "workbench"  # who published it (Rule.origin): olmo-core, llm-foundry, megatron, zclip, ...
+    in_ensemble = True  # False: scored at its published default, but no member of the any-of ensemble
     grid: ClassVar[dict] = {}  # parameter -> values `workbench backtest --tune` picks among
 
     @property
@@ -57,8 +59,11 @@ class Detector:
             severity=self.severity,
             params=self.params,
             detector=self,
+            origin=self.origin,
         )
 
+
+RESTART_HOLD = 10  # logged points a spike rule stays quiet after a warm restart (lr_restarts)
 
 FRAME = {"rid": pl.Int32, "key": pl.Int32, "step": pl.Int64, "cond": pl.Boolean, "_l0": pl.Float64}
 
@@ -114,3 +119,43 @@ def finite_or_null(col: str = "value") -> pl.Expr:
     """NaN and Inf as null: window statistics then skip them (an fp16 skip must not poison a baseline)."""
     v = pl.col(col)
     return pl.when(v.is_finite()).then(v)
+
+
+def lr_restarts(data: SeriesData, rise: float = 1.5) -> pl.DataFrame:
+    """(rid, restart): the steps where a run's logged lr jumped above `rise` x its previous
+    logged value after its warm-up, back to no more than the peak it reached before: warm
+    restarts (SGDR), whose loss and gradient rises are the schedule's, not a failure. An lr
+    that jumps past its earlier peak (a scheduler glitch, x100) is no restart."""
+    lr = data.series(Name("lr", False, 0))
+    if lr.is_empty():
+        return pl.DataFrame(schema={"rid": pl.Int32, "restart": pl.Int64})
+    ends = lr_warmup_end(data)
+    v = pl.col("value")
+    up = v > rise * v.shift(1).over("rid", "key")
+    within_peak = v <= 1.01 * v.shift(1).cum_max().over("rid", "key")
+    j = lr.join(ends, on="rid", how="left").filter(up & within_peak & (pl.col("step") > pl.col("warm_end")))
+    return j.select("rid", restart="step").unique().sort("rid", "restart")
+
+
+def quiet_after_restarts(frame: pl.DataFrame, data: SeriesData, hold: int) -> pl.DataFrame:
+    """`cond` held false on the first `hold` logged points of each unit after a warm restart
+    (lr_restarts): the window baselines then restart from the new regime."""
+    starts = lr_restarts(data)
+    if starts.is_empty() or hold <= 0:
+        return frame
+    j = (
+        frame.with_row_index("_i")
+        .sort("step")
+        .join_asof(
+            starts.sort("restart"),
+            left_on="step",
+            right_on="restart",
+            by="rid",
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .sort("_i")
+    )
+    since = pl.col("step").cum_count().over("rid", "key", "restart")
+    quiet = pl.col("restart").is_not_null() & (since <= hold)
+    return j.with_columns(cond=pl.col("cond") & ~quiet).drop("_i", "restart")

@@ -7,7 +7,13 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from detectors.builtins.base import Detector, after_warmup, series_or_fail
+from detectors.builtins.base import (
+    RESTART_HOLD,
+    Detector,
+    after_warmup,
+    quiet_after_restarts,
+    series_or_fail,
+)
 from detectors.series import group_starts
 from workbench.jit import njit
 
@@ -51,6 +57,7 @@ def _sigma_frame(data, metric, window, k, sign, exclude, rule_id):
         exclude,
     )
     frame = after_warmup(s.select("rid", "key", "step", cond=pl.Series(flags), _l0="value"), data)
+    frame = quiet_after_restarts(frame, data, RESTART_HOLD)
     return frame, [metric], data.run_ids(s["rid"].unique().to_list())
 
 
@@ -72,9 +79,11 @@ class SigmaSpike(Detector):
     window: int = 50
     k: float = 5.0
     exclude_flagged: bool = False
+    for_steps: int = 2  # a corrupt batch's one-point spike the loss recovers from at once is none
     cooldown: int = 20
     id = "loss_spike"
     severity = "warning"
+    in_ensemble = False  # loss_robust_spike (scale-free) takes its place there
     grid = {"k": [3.0, 4.0, 5.0, 6.0, 8.0], "window": [20, 50, 100]}
 
     def conditions(self, data):
@@ -96,6 +105,7 @@ class SigmaDrop(SigmaSpike):
     for_steps: int = 5
     id = "loss_drop"
     severity = "info"
+    in_ensemble = True
     grid = {"k": [3.0, 4.0, 6.0], "for_steps": [1, 5, 10]}
 
     def conditions(self, data):
@@ -112,7 +122,10 @@ class OlmoSpike(SigmaSpike):
 
     window: int = 128
     k: float = 6.0
+    for_steps: int = 1  # OLMo-core flags every spike step
     id = "olmo_spike"
+    origin = "olmo-core"
+    in_ensemble = True
     grid = {"k": [4.0, 5.0, 6.0, 8.0]}
 
 
@@ -184,6 +197,7 @@ class LlmFoundrySpike(Detector):
     ratio: float = 2.0
     for_steps: int = 5
     id = "llmfoundry_loss_spike"
+    origin = "llm-foundry"
     severity = "critical"
     grid = {"ratio": [1.3, 1.5, 2.0, 3.0]}
 
@@ -206,9 +220,79 @@ class MegatronSpike(Detector):
     baseline: int = 100
     factor: float = 10.0
     id = "megatron_unexpectedly_large"
+    origin = "megatron"
     severity = "critical"
     grid = {"factor": [3.0, 5.0, 10.0, 20.0]}
 
     def when(self):
         x = f"abs({self.metric})"
         return f"{x} >= {self.factor} * max_first({self.metric}, {self.baseline}) and {x} < 1e308"
+
+
+@njit(cache=True, nogil=True)
+def _robust_z(starts, values, window, floor):
+    """Per group: (v − median) / (1.4826·MAD) of the last `window` finite values before v, the
+    scale held at least `floor`·|median| (a flat baseline makes no infinite z); NaN until the
+    window has filled and on non-finite v."""
+    n = values.shape[0]
+    z = np.full(n, np.nan)
+    buf = np.empty(window, np.float64)
+    for gi in range(starts.shape[0] - 1):
+        filled = 0
+        pos = 0
+        for i in range(starts[gi], starts[gi + 1]):
+            v = values[i]
+            if not np.isfinite(v):
+                continue
+            if filled == window:
+                m = np.median(buf)
+                scale = max(1.4826 * np.median(np.abs(buf - m)), floor * abs(m))
+                if scale > 0:
+                    z[i] = (v - m) / scale
+            buf[pos] = v
+            pos = (pos + 1) % window
+            if filled < window:
+                filled += 1
+    return z
+
+
+def robust_frame(data, metric, window, floor, z, restart_hold, rule_id, sign=1.0):
+    """(frame, texts, runs) of `sign`·robust z > z, after lr warm-up and quiet after restarts."""
+    s = series_or_fail(data, metric, rule_id)
+    rz = _robust_z(
+        group_starts(s["rid"], s["key"]), s["value"].to_numpy().astype(np.float64), int(window), float(floor)
+    )
+    frame = s.select("rid", "key", "step", cond=pl.Series(sign * rz > z), _l0=pl.Series(rz))
+    frame = quiet_after_restarts(after_warmup(frame, data), data, restart_hold)
+    return frame, [f"robust z of {metric}"], data.run_ids(s["rid"].unique().to_list())
+
+
+@dataclass(frozen=True)
+class RobustLossSpike(Detector):
+    """The loss far above its own recent level, in the run's own units: (loss − median) /
+    (1.4826·MAD) of its previous `window` logged values > `z`, the scale at least `floor` x the
+    median (a flat loss is no licence for a tiny rise). Scale-free: no threshold in loss units,
+    so a run's dataset, vocabulary, batch size and logging interval do not move it. Quiet during
+    the lr warm-up and for `restart_hold` points after a warm restart (the lr jumping back to
+    its peak lifts the loss by design).
+
+    Anchors: runmedic's robust z (MAD x 1.4826, z 8), the MAD guard of axolotl-style callbacks.
+    Threshold calibrated on healthy runs of the tuning families (`workbench backtest --tune`,
+    budget 1 false alarm per 1k healthy steps). Targets loss_spike, loss_spike_unrecovered,
+    divergence_nan and the sudden rises of the collapses. Known false positives: a recovered
+    one-step spike (a corrupt batch) is a real spike and fires; noisy small batches trip a
+    smaller z.
+    """
+
+    metric: str = "loss"
+    window: int = 20
+    z: float = 6.0
+    floor: float = 0.01
+    restart_hold: int = RESTART_HOLD
+    for_steps: int = 2
+    cooldown: int = 20
+    id = "loss_robust_spike"
+    grid = {"z": [4.0, 6.0, 8.0, 12.0], "for_steps": [1, 2, 3], "window": [10, 20]}
+
+    def conditions(self, data):
+        return robust_frame(data, self.metric, self.window, self.floor, self.z, self.restart_hold, self.id)

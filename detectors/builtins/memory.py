@@ -63,3 +63,27 @@ class MemoryGrowth(Detector):
 
     def when(self):
         return f"memory_gb > {1 + self.growth} * min(memory_gb, {self.window})"
+
+
+@dataclass(frozen=True)
+class MemoryJump(Detector):
+    """Host or device memory jumped above `factor` x its median over the previous `window`
+    logged values, for `for_steps` values: a leak or a cache that holds on to activations, in
+    the run's own units (no GB threshold: a model's size sets the level, not the ratio).
+
+    Targets memory_blowup and memory_leak at the jump. A resumed run starts low and climbs
+    back to its level: the median of the window before it stays at the old level, so it stays
+    quiet. Known false positives: a run whose evaluation holds a second batch of activations
+    (memory steps up once and stays).
+    """
+
+    metric: str = "memory_gb"
+    factor: float = 1.3
+    window: int = 5
+    for_steps: int = 3
+    id = "memory_jump"
+    severity = "critical"
+    grid = {"factor": [1.1, 1.2, 1.3, 1.5, 2.0]}
+
+    def when(self):
+        return f"{self.metric} > {self.factor} * median({self.metric}, {self.window})"

@@ -34,11 +34,16 @@ class NonFinite(Detector):
 class NonFiniteGradNorm(Detector):
     """A NaN/Inf gradient norm that is not a normal fp16 loss-scaling skip.
 
-    With dynamic loss scaling (the run logs a loss scale or OVERFLOW notices) a non-finite norm
-    is a step the scaler skipped, which healthy fp16 runs do a few times (DeepSpeed's hysteresis
-    skips twice at one scale). There it alarms only for `consecutive` non-finite norms in a row
-    (a storm) or once the loss scale is at `min_scale` (DeepSpeed's common floor 1; fairseq
-    1e-4) or DeepSpeed exits at its minimum; elsewhere any non-finite norm alarms.
+    A non-finite norm is taken for a step the loss scaler skipped, which healthy fp16 runs do a
+    few times (DeepSpeed's hysteresis skips twice at one scale; a GradScaler started at 2^24
+    skips its first steps), when the run shows dynamic loss scaling (a logged loss scale or
+    OVERFLOW notices), or when the loss logged with it is finite and not exactly 0.0 and the
+    norm is Inf or comes before the run's first finite norm (a scaler skip leaves the loss
+    alone and overflows to Inf; a divergence makes the loss NaN, or 0.0 or a finite average
+    behind the HF Trainer's NaN filter, and the norm NaN). Such a norm alarms only for `consecutive` non-finite norms in a row (a storm) or
+    once the loss scale is at `min_scale` (DeepSpeed's common floor 1; fairseq 1e-4) or
+    DeepSpeed exits at its minimum (a storm counts once a finite norm has been seen: a scaler
+    started high skips its first steps in a row); any other non-finite norm alarms at once.
     Targets divergence_nan, fp16_overflow and divergence_nan_filtered. Known false positives: a
     plain non-finite check fires on every healthy DeepSpeed fp16 run, and 2 in a row still on
     some.
@@ -68,13 +73,49 @@ class NonFiniteGradNorm(Detector):
             floor=pl.col("step").filter(pl.col("kind") == "min_loss_scale").min(),
         )
         g = g.join(first, on="rid", how="left")
-        fp16 = pl.col("scale").is_not_null() | (pl.col("step") >= pl.col("overflow")).fill_null(False)
+        loss = data.series(Name("loss", False, 0)).select("rid", "step", loss="value").sort("step")
+        if not loss.is_empty():
+            g = (
+                g.sort("step")
+                .join_asof(loss, on="step", by="rid", strategy="backward", check_sortedness=False)
+                .sort("rid", "key", "step")
+            )
+        else:
+            g = g.with_columns(loss=pl.lit(None, pl.Float64))
+        loss_ok = (pl.col("loss").is_finite() & (pl.col("loss") != 0)).fill_null(False)
+        first_ok = pl.col("step").filter(~bad).min().over("rid", "key")
+        startup = (pl.col("step") < first_ok).fill_null(True)
+        fp16 = (
+            pl.col("scale").is_not_null()
+            | (pl.col("step") >= pl.col("overflow")).fill_null(False)
+            | (loss_ok & (startup | pl.col("value").is_infinite()))
+        )
         floor = (pl.col("scale") <= self.min_scale).fill_null(False) | (
             pl.col("step") >= pl.col("floor")
         ).fill_null(False)
-        cond = bad & (~fp16 | (pl.col("streak") >= self.consecutive) | floor)
+        # a scaler starting high skips its first steps in a row until it settles: a storm counts
+        # only once a finite norm has been seen
+        settled = pl.col("step") > first_ok
+        cond = bad & (~fp16 | floor | ((pl.col("streak") >= self.consecutive) & settled.fill_null(False)))
         frame = g.select("rid", "key", "step", cond=cond, _l0="value")
         return frame, [self.metric], data.run_ids(s["rid"].unique().to_list())
+
+
+@dataclass(frozen=True)
+class HfNanFiltered(Detector):
+    """The HF Trainer's hidden NaN: a logged loss of exactly 0.0 beside a NaN/Inf gradient norm.
+
+    With `logging_nan_inf_filter=True` (the Trainer's default) a non-finite loss is left out of
+    the logged average, so a diverged run logs `loss 0.0` (or the average of the finite steps)
+    while `grad_norm` is NaN. Targets divergence_nan_filtered at its onset; a healthy run never
+    logs both.
+    """
+
+    id = "hf_nan_filtered"
+    severity = "critical"
+
+    def when(self):
+        return "loss == 0 and not (abs(grad_norm) < 1e308)"
 
 
 @dataclass(frozen=True)

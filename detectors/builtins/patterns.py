@@ -18,6 +18,7 @@ class PatternP1(Detector):
     entropy_threshold: float = 0.3
     for_steps: int = 5
     id = "P1_attention_collapse"
+    origin = "guides"
     severity = "critical"
     grid = {"grad_threshold": [1e-7, 1e-5, 1e-3, 1e-2]}
 
@@ -35,6 +36,7 @@ class PatternP2(Detector):
     ln_threshold: float = 0.05
     for_steps: int = 5
     id = "P2_dead_ffn"
+    origin = "guides"
     severity = "critical"
     grid = {"ffn_threshold": [0.005, 0.05, 0.2]}
 
@@ -54,6 +56,7 @@ class PatternP3(Detector):
     train_window: int = 50
     for_steps: int = 10
     id = "P3_eval_stalled"
+    origin = "guides"
 
     @property
     def on(self):
@@ -75,6 +78,7 @@ class PatternP4(Detector):
     window: int = 50
     grad_threshold: float = 1e-3
     id = "P4_memory_jump"
+    origin = "guides"
     severity = "critical"
 
     def when(self):

@@ -71,11 +71,12 @@ class LrCollapse(Detector):
     have gone.
 
     Targets plateau caused by the schedule. It also fires after an lr burst, which sets the
-    peak. Schedules that anneal towards zero cross the line near their end: at 2 % and 10
-    steps a linear decay to 0 stays quiet, at 10 % some healthy runs fire.
+    peak. Schedules that anneal towards zero cross the line near their end: at 2 % a healthy
+    warm-up + cosine run logged every step fired in its last 40 steps; at 0.5 % and 10 steps a
+    cosine or linear decay to 0 stays quiet, at 10 % many healthy runs fire.
     """
 
-    fraction: float = 0.02
+    fraction: float = 0.005
     for_steps: int = 10
     id = "lr_collapse"
     severity = "warning"
