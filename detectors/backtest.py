@@ -215,7 +215,7 @@ def backtest(
     groups = batches(store, runs_glob)
     if not groups:
         raise ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")
-    run_ids = [r for g in groups for r in g]
+    run_ids = sorted(r for g in groups for r in g)
     con = store.connect()  # one connection (its views are built once) for every query below
     runs, unknown = load_labels(store, run_ids, con)
     if not runs:
@@ -390,7 +390,7 @@ def judge(store: Store, rule: Rule, runs_glob: str | None, settings: Settings) -
     warm-up, coverage and `scoring.outcome`): what the app's per-run table shows."""
     groups = batches(store, runs_glob)
     con = store.connect()
-    runs, _ = load_labels(store, [r for g in groups for r in g], con)
+    runs, _ = load_labels(store, sorted(r for g in groups for r in g), con)
     done = replay_labelled(store, [rule], groups, runs)
     if done[0].error:
         return Judgement(runs, {}, [], done[0].alerts, done[0].error)

@@ -9,7 +9,7 @@ import polars as pl
 from detectors import language
 from detectors.language import Binary, Call, Name, Num, Unary
 from detectors.rules import Rule
-from detectors.series import UNIT, ReplayError, SeriesData, group_starts
+from detectors.series import UNIT, ReplayError, SeriesData, group_starts, peer_group
 from detectors.windows import SEEDED, leaf_values, peer_z
 
 
@@ -128,12 +128,10 @@ def conditions(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame, list[str], l
 
 
 def run_groups(data: SeriesData, s: pl.DataFrame) -> pl.DataFrame:
-    """(rid, group) for the runs of `s`: a run's group is the folder of its run id (`proj/run_a`
-    -> `proj`; top-level runs share one group), as W&B compares a run with its project's."""
+    """(rid, group) for the runs of `s` (`peer_group`: the folder of its run id)."""
     rids = s["rid"].unique().sort()
-    names = [data.run_name[i] for i in rids.to_list()]
     return pl.DataFrame(
-        {"rid": rids, "group": [n.rsplit("/", 1)[0] if "/" in n else "" for n in names]},
+        {"rid": rids, "group": [peer_group(data.run_name[i]) for i in rids.to_list()]},
         schema={"rid": pl.Int32, "group": pl.String},
     )
 

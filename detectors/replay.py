@@ -20,7 +20,7 @@ import polars as pl
 from detectors.builtins import builtin_rules
 from detectors.engine import evaluate
 from detectors.rules import Rule, load_rule_file
-from detectors.series import ReplayError, SeriesData
+from detectors.series import ReplayError, SeriesData, peer_group
 from detectors.streaks import ALERT_SCHEMA
 from workbench.store import Store, coded, reads
 
@@ -69,17 +69,28 @@ def prefetched(store: Store, groups: list[list[str]]) -> Iterator[SeriesData]:
 def batches(store: Store, runs_glob: str | None, max_points: int = 4_000_000) -> list[list[str]]:
     """Runs grouped so that each batch holds at most about `max_points` points: a memory bound,
     and small enough that loading the next batch overlaps evaluating this one (a few million
-    points still evaluate at full speed)."""
+    points still evaluate at full speed). A batch holds whole peer groups (a group larger than
+    the bound is one batch), so a peer-relative rule sees every peer of a run."""
     out: list[list[str]] = []
     cur: list[str] = []
     n = 0
-    for run, points in select_runs(store, runs_glob):
-        if cur and n + points > max_points:
+    for run, points in sorted(select_runs(store, runs_glob), key=lambda rp: (peer_group(rp[0]), rp[0])):
+        if cur and n + points > max_points and peer_group(run) != peer_group(cur[-1]):
             out.append(cur)
             cur, n = [], 0
         cur.append(run)
         n += points
     return out + ([cur] if cur else [])
+
+
+def _split(batch: list[str], size: int) -> list[list[str]]:
+    """`batch` cut into batches of about `size` runs, between peer groups only."""
+    out: list[list[str]] = [[]]
+    for run in batch:
+        if len(out[-1]) >= size and peer_group(run) != peer_group(out[-1][-1]):
+            out.append([])
+        out[-1].append(run)
+    return out
 
 
 @dataclass
@@ -171,7 +182,7 @@ def replay_on(
     runs = [r for g in groups for r in g]
     if len(groups) < want:  # finer batches: each still within the memory bound of `batches`
         size = max(1, math.ceil(len(runs) / want))
-        groups = [g[i : i + size] for g in groups for i in range(0, len(g), size)]
+        groups = [part for g in groups for part in _split(g, size)]
     n_chunks = min(len(rules), max(1, math.ceil(want / len(groups))))
     chunk = math.ceil(len(rules) / n_chunks) if rules else 1
     chunks = [rules[i : i + chunk] for i in range(0, len(rules), chunk)]
@@ -220,10 +231,10 @@ def replay(
     skipped = {r.id: d.error for r, d in zip(rules, done, strict=True) if d.error}
     if explicit and len(skipped) == len(rules):  # nothing to replay: say why
         raise ReplayError(next(iter(skipped.values())))
-    evaluable = {r.id: d.evaluable for r, d in zip(rules, done, strict=True) if not d.error}
+    evaluable = {r.id: sorted(d.evaluable) for r, d in zip(rules, done, strict=True) if not d.error}
     alerts = pl.concat([d.alerts for d in done])
-    all_runs = [r for g in groups for r in g]
-    result = ReplayResult(alerts.sort("run_id", "rule", "step_start"), evaluable, all_runs, skipped)
+    all_runs = sorted(r for g in groups for r in g)
+    result = ReplayResult(alerts.sort("run_id", "rule", "step_start", "tag"), evaluable, all_runs, skipped)
     with store.writer() as w:
         w.set_alerts([r.id for r in rules], all_runs, result.alerts)
         w.commit()

@@ -257,3 +257,9 @@ def group_starts(rid: pl.Series, key: pl.Series) -> np.ndarray:
     r, k = rid.to_numpy(), key.to_numpy()
     change = np.r_[True, (r[1:] != r[:-1]) | (k[1:] != k[:-1])] if len(r) else np.zeros(0, bool)
     return np.r_[np.flatnonzero(change), len(r)].astype(np.int64)
+
+
+def peer_group(run_id: str) -> str:
+    """The runs a peer-relative rule (`peer_z`) compares a run with: those of its folder
+    (`proj/run_a` -> `proj`; top-level runs are one group), as W&B compares a run with its project's."""
+    return run_id.rsplit("/", 1)[0] if "/" in run_id else ""

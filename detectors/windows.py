@@ -167,7 +167,11 @@ def peer_z(s: pl.DataFrame, group: pl.DataFrame, min_peers: int = 3) -> pl.Serie
         strategy="backward",
         check_sortedness=False,
     ).drop_nulls("x")
-    sums = latest.group_by("group", "step").agg(n=pl.len(), s1=pl.col("x").sum(), s2=(pl.col("x") ** 2).sum())
+    # peers in one order, whatever order the joins left them in: a float sum depends on it
+    latest = latest.sort("group", "step", "rid", "key")
+    sums = latest.group_by("group", "step", maintain_order=True).agg(
+        n=pl.len(), s1=pl.col("x").sum(), s2=(pl.col("x") ** 2).sum()
+    )
     me = latest.select("rid", "key", "step", own=pl.col("x"))
     j = (
         v.join(sums, on=["group", "step"], how="left")
