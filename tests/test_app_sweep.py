@@ -106,3 +106,19 @@ def test_a_layer_family_is_drawn_as_a_heatmap(page):
     )
     assert z.shape[0] == 8 and np.allclose(np.nanmax(z, axis=1)[:5], np.log10(1.0 + np.arange(5)))
     assert np.nanmax(z[5]) == pytest.approx(-6)  # the vanishing layer, on a log scale
+
+
+def test_the_guides_thresholds_are_marked_on_a_layer_heatmap(page):
+    import html
+
+    from workbench.app import data
+
+    at = page(run=["layers"], tags="layer_0$")
+    heat = next(f for t, f in figures(at).items() if t.startswith("grad_norm/layer_*"))
+    marks = {t["name"]: t for t in heat["data"] if t["type"] == "scatter"}
+    # the guides' gradient thresholds, as their rule file holds them
+    want = [t["text"] for t in data.layer_thresholds("grad_norm/layer_*", ("grad_norm/layer_0",), (None,))]
+    assert want and all(w.startswith(("guides_P1: grad_norm < ", "guides_P4: grad_norm < ")) for w in want)
+    assert [html.unescape(n).split(" (")[0] for n in marks] == want  # plotly shows the entities as `<`
+    for mark in marks.values():  # every marked cell is the vanishing layer 5, in each of the 40 steps' bins
+        assert set(values(mark["y"])) == {5.0} and len(values(mark["x"])) == 40

@@ -295,3 +295,20 @@ def test_sweep_lineage_and_parallel_figures():
     )
     dims = par.data[0].dimensions
     assert [d.label for d in dims] == ["lr", "opt", "last_loss"] and list(dims[1].ticktext) == ["adam", "sgd"]
+
+
+def test_layer_heatmap_marks_the_cells_past_a_threshold():
+    steps = np.arange(10.0)
+    layers = {
+        0: (steps, np.full(10, 2.0)),
+        1: (steps, np.r_[np.full(5, 2.0), np.full(5, 0.1)]),
+        2: (steps, np.full(10, 1.5)),
+    }
+    plain = charts.layer_heatmap("attn_entropy/layer_*", layers, bins=10)
+    assert [t.type for t in plain.data] == ["heatmap"] and not plain.layout.showlegend
+    entropy = {"rule": "guides_P1", "op": "<", "value": 0.3, "text": "guides_P1: attn_entropy < 0.3"}
+    fig = charts.layer_heatmap("attn_entropy/layer_*", layers, bins=10, thresholds=[entropy])
+    heat, mark = fig.data
+    assert list(mark.y) == [1] * 5 and list(mark.x) == pytest.approx(heat.x[5:])  # layer 1's last 5 steps
+    assert mark.name == "guides_P1: attn_entropy &lt; 0.3 (5 cells)" and fig.layout.showlegend
+    assert 0.3 in heat.colorbar.tickvals and "◀ guides_P1" in heat.colorbar.ticktext

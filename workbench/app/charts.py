@@ -727,11 +727,24 @@ def layer_families(tags: list[str], least: int = 3) -> dict[str, dict[int, str]]
     return {f: dict(sorted(layers.items())) for f, layers in out.items() if len(layers) >= least}
 
 
-def layer_heatmap(title: str, layers: dict[int, tuple[np.ndarray, np.ndarray]], bins: int = 200) -> go.Figure:
+THRESHOLD_SYMBOLS = ["x-thin-open", "cross-thin-open", "asterisk-open", "y-up-open"]
+COMPARE = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
+
+
+def layer_heatmap(
+    title: str,
+    layers: dict[int, tuple[np.ndarray, np.ndarray]],
+    bins: int = 200,
+    thresholds: Sequence[dict] = (),
+) -> go.Figure:
     """One run's layer family as a heatmap, layer (y) by step (x): each layer's current points
     averaged in `bins` equal step bins over the family's whole range (an empty bin stays blank).
     Colour on a log10 scale when every value is positive and they span over two decades (as
-    gradient norms do), so a vanishing or exploding layer stands out."""
+    gradient norms do), so a vanishing or exploding layer stands out.
+
+    `thresholds` ({op, value, text}, as `data.layer_thresholds` gives the guides'): each marks
+    the cells whose mean is past it, one marker shape per threshold named in the legend, and
+    is a tick on the colour bar."""
     finite = [(n, s[np.isfinite(v)], v[np.isfinite(v)]) for n, (s, v) in layers.items()]
     finite = [(n, s, v) for n, s, v in finite if len(s)]
     if not finite:
@@ -757,11 +770,50 @@ def layer_heatmap(title: str, layers: dict[int, tuple[np.ndarray, np.ndarray]], 
             hovertemplate="layer %{y} · step %{x:.0f}: %{z:.4g}<extra></extra>",
         )
     )
+    centres = (edges[:-1] + edges[1:]) / 2
+    marked = len(thresholds)
+    for i, t in enumerate(thresholds):
+        with np.errstate(invalid="ignore"):
+            past = COMPARE[t["op"]](z, t["value"]) & np.isfinite(z)
+        rows, cols = np.nonzero(past)
+        fig.add_trace(  # drawn (and named in the legend) even where no cell is past it
+            go.Scatter(
+                x=centres[cols],
+                y=[finite[r][0] for r in rows],
+                mode="markers",
+                marker={
+                    "symbol": THRESHOLD_SYMBOLS[i % len(THRESHOLD_SYMBOLS)],
+                    "size": 7,
+                    "color": "#d62728",
+                },
+                name=f"{txt(t['text'])} ({len(rows)} cells)",
+                hovertemplate=f"{txt(t['text'])}<br>layer %{{y}} · step %{{x:.0f}}<extra></extra>",
+            )
+        )
+    if marked:
+        shown = np.log10(z) if log else z
+        z_lo, z_hi = float(np.nanmin(shown)), float(np.nanmax(shown))
+        ticks = [
+            (v, str(t.get("rule", t["text"])))
+            for t in thresholds
+            if not log or t["value"] > 0
+            if z_lo <= (v := math.log10(t["value"]) if log else t["value"]) <= z_hi
+        ]
+        if ticks:  # the thresholds inside the colour range, named on the bar beside its own ticks
+            fig.data[0].colorbar.update(
+                tickvals=[*np.linspace(z_lo, z_hi, 5), *(v for v, _ in ticks)],
+                ticktext=[
+                    *(f"{v:.3g}" for v in np.linspace(z_lo, z_hi, 5)),
+                    *(f"◀ {txt(n)}" for _, n in ticks),
+                ],
+            )
     fig.update_layout(
         title={"text": txt(title), "font": {"size": 14}, "x": 0},
-        height=120 + 14 * len(finite),
-        margin={"l": 55, "r": 15, "t": 40, "b": 40},
+        height=120 + 14 * len(finite) + (24 * marked if marked else 0),
+        margin={"l": 55, "r": 15, "t": 40, "b": 40 + (24 * marked if marked else 0)},
         xaxis_title="step",
         yaxis_title="layer",
+        showlegend=bool(marked),
+        legend={"orientation": "h", "x": 0, "y": -0.25, "yanchor": "top", "font": {"size": 11}},
     )
     return fig

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 from datetime import datetime
 
 import numpy as np
@@ -20,7 +21,7 @@ import streamlit as st
 from detectors import language
 from detectors.backtest import Settings, backtest, judge
 from detectors.replay import GUIDES, default_rules, replay
-from detectors.rules import rules_from_text
+from detectors.rules import load_rule_file, rules_from_text
 from ingest import lineage as lineage_graph
 from workbench.app import charts, untrusted
 from workbench.errors import WorkbenchError
@@ -444,6 +445,54 @@ def rule_metrics(rules_text: str | None = None) -> dict[str, list[str]]:
             names += list(getattr(d, "metrics", ()) or ())
         out.setdefault(r.id, [])
         out[r.id] += [n for n in names if n not in out[r.id]]
+    return out
+
+
+FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+def _number(node) -> float | None:
+    if isinstance(node, language.Num):
+        return node.value
+    if isinstance(node, language.Unary) and node.op == "-" and isinstance(node.arg, language.Num):
+        return -node.arg.value
+    return None
+
+
+def _thresholds(node) -> list[tuple[language.Name, str, float]]:
+    """(name, op, number) of every `name < number` (or `number > name`, ...) in a condition."""
+    if isinstance(node, language.Binary) and node.op in FLIP:
+        if isinstance(node.left, language.Name) and (v := _number(node.right)) is not None:
+            return [(node.left, node.op, v)]
+        if isinstance(node.right, language.Name) and (v := _number(node.left)) is not None:
+            return [(node.right, FLIP[node.op], v)]
+        return []
+    if isinstance(node, language.Binary):
+        return _thresholds(node.left) + _thresholds(node.right)
+    if isinstance(node, language.Unary):
+        return _thresholds(node.arg)
+    return []
+
+
+@st.cache_data(show_spinner=False)
+def layer_thresholds(family: str, tags: tuple[str, ...], metrics: tuple[str | None, ...]) -> list[dict]:
+    """The guides' thresholds (detectors/guides.toml, at each rule's own parameters) on a layer
+    family: every comparison of a name with a number whose name is the family's (`grad_norm`
+    for `grad_norm/layer_*`), a metric of its tags, or a tag pattern matching one of them
+    (`ffn_input_std/*`). {rule, op, value, text} each, in the file's order."""
+    stem = re.sub(r"[_./-]*layers?[_./-]?$", "", family.split("*", 1)[0])  # grad_norm/layer_* -> grad_norm
+    own = {stem, *(m for m in metrics if m)}
+    out = []
+    for rule in load_rule_file(GUIDES):
+        if rule.when is None:
+            continue
+        for name, op, value in _thresholds(rule.ast()):
+            hit = (
+                name.name in own if not name.quoted else any(untrusted.glob_match(name.name, t) for t in tags)
+            )
+            if hit:
+                text = f"{rule.id}: {name.name} {op} {value:g}"
+                out.append({"rule": rule.id, "op": op, "value": value, "text": text})
     return out
 
 

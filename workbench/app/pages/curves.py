@@ -458,6 +458,9 @@ chart_grid()
 families = charts.layer_families(tag_df["tag"].to_list())
 if families:
     with st.expander(f"Per-layer heatmaps, layer × step ({len(families)} layer families)"):
+        st.caption(
+            "Cells past a threshold of the guides' rules (detectors/guides.toml) are marked, one shape per rule."
+        )
         h1, h2 = st.columns([1, 2])
         heat_run = h1.selectbox("Run", sel, key="curves_heat_run")
         shown_families = h2.multiselect(
@@ -470,6 +473,9 @@ if families:
                 charts.layer_heatmap(
                     f"{fam} · {heat_run}",
                     {n: data.current_points(gen, heat_run, t) for n, t in layers.items()},
+                    thresholds=data.layer_thresholds(
+                        fam, tuple(layers.values()), tuple(metric_of.get(t) for t in layers.values())
+                    ),
                 ),
                 key=f"curves_heat_{fam}",
                 width="stretch",
