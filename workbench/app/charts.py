@@ -45,6 +45,16 @@ DASHES = ["solid", "dot", "dash", "dashdot"]
 LEGEND_MAX = 20  # up to this many lines: one trace each, a legend to hide (click) or solo (double-click)
 UNIFIED_HOVER_MAX = 10  # up to this many lines the hover lists them all at an x, sorted by value
 ALERT_SYMBOLS = ["triangle-up", "triangle-down", "square", "pentagon", "hexagram", "star-diamond", "bowtie"]
+FAMILY_SYMBOLS = {  # a rule family (`data.rule_families`) -> its alerts' marker; others by name
+    "loss": "triangle-up",
+    "gradients": "diamond-tall",
+    "nonfinite": "bowtie",
+    "memory": "square",
+    "moe": "pentagon",
+    "patterns": "hexagram",
+    "plateaus": "star-diamond",
+    "other": "triangle-down",
+}
 EVENT_STYLE = {  # kind -> (marker symbol, colour)
     "overflow": ("triangle-down", "#d62728"),
     "min_loss_scale": ("x", "#d62728"),
@@ -468,18 +478,19 @@ def _y_axis(finite: np.ndarray, y_range: list[float] | None, log_y: bool) -> dic
     return out
 
 
-def alert_symbol(rule: str, backtest: bool = False) -> str:
-    """One marker shape per rule, from its name (the same on every chart); a backtest's alarms
-    open, stored alerts filled."""
-    shape = ALERT_SYMBOLS[zlib.crc32(rule.encode()) % len(ALERT_SYMBOLS)]
+def alert_symbol(family: str, backtest: bool = False) -> str:
+    """One marker shape per rule family (the same on every chart; a family the app does not
+    know gets one from its name); a backtest's alarms open, stored alerts filled."""
+    shape = FAMILY_SYMBOLS.get(family) or ALERT_SYMBOLS[zlib.crc32(family.encode()) % len(ALERT_SYMBOLS)]
     return shape + "-open" if backtest else shape
 
 
 def _add_alerts(fig: go.Figure, alerts, legend) -> None:
     """Alert intervals as shaded bands (only while few: more would hide the curves) and a
     marker where each fired, on its run's curve of this chart: one trace (and legend entry) per
-    rule, its shape the rule's, filled in the run's colour (a backtest's alarms: named as the
-    caller names them, open)."""
+    rule, its shape its family's (an alert's `family`, else `other`), filled in the run's colour,
+    the legend's rules under their family's title (a click there hides the family); a
+    backtest's alarms: named as the caller names them, open."""
     bands = len(alerts) <= 10
     for a in alerts:
         if bands and a.get("x0") is not None and a.get("x1") is not None:
@@ -487,14 +498,23 @@ def _add_alerts(fig: go.Figure, alerts, legend) -> None:
     by_rule: dict[tuple[str, bool], list[dict]] = {}
     for a in alerts:
         by_rule.setdefault((a["rule"], bool(a.get("backtest"))), []).append(a)
-    for (rule, backtest), marks in sorted(by_rule.items()):
+    titled: set[str] = set()
+    for (rule, backtest), marks in sorted(by_rule.items(), key=lambda kv: (_family(kv[1]), kv[0])):
+        family = _family(marks)
+        if backtest:
+            named = legend(rule)
+        else:
+            named = {"legendgroup": f"alerts: {family}", "showlegend": True, "name": txt(f"alert {rule}")}
+            if family not in titled:
+                named["legendgrouptitle"] = {"text": txt(f"alerts: {family}")}
+                titled.add(family)
         fig.add_trace(
             go.Scatter(
                 x=[a["x"] for a in marks],
                 y=[a["y"] if a.get("y") is not None and math.isfinite(a["y"]) else None for a in marks],
                 mode="markers",
                 marker={
-                    "symbol": alert_symbol(rule, backtest),
+                    "symbol": alert_symbol(family, backtest),
                     "size": 11,
                     "color": [a["color"] for a in marks],
                     "line": {"width": 1.5, "color": [a["color"] if backtest else "black" for a in marks]},
@@ -502,13 +522,17 @@ def _add_alerts(fig: go.Figure, alerts, legend) -> None:
                 cliponaxis=False,
                 text=[
                     f"<b>{'live ' if a.get('live') else ''}{'backtest alarm' if backtest else 'alert'} "
-                    f"{txt(rule)}</b> · {txt(a['run'])}<br>{txt(a.get('message') or '')}"
+                    f"{txt(rule)}</b> ({txt(family)}) · {txt(a['run'])}<br>{txt(a.get('message') or '')}"
                     for a in marks
                 ],
                 hovertemplate="%{text}<extra></extra>",
-                **legend(rule if backtest else f"alert {rule}"),
+                **named,
             )
         )
+
+
+def _family(marks: list[dict]) -> str:
+    return str(marks[0].get("family") or "other")
 
 
 def _add_events(fig: go.Figure, events, legend) -> None:

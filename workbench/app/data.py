@@ -496,6 +496,30 @@ def layer_thresholds(family: str, tags: tuple[str, ...], metrics: tuple[str | No
     return out
 
 
+@st.cache_data(show_spinner=False)
+def rule_families(rules_text: str | None = None) -> dict[str, str]:
+    """rule id -> its family, what the curves draw one marker shape for: a built-in's module
+    (`loss`, `gradients`, `nonfinite`, `memory`, `moe`, `patterns`, `plateaus`); a rule written
+    in the rule language (the guides', a user's) takes the family most built-ins reading its
+    first metric belong to (`guides_loss_spike` reads `loss`: `loss`), else `other`."""
+    pool = list(default_rules())
+    if rules_text:
+        with contextlib.suppress(WorkbenchError):
+            pool += _rules(rules_text)
+    reads_of = rule_metrics(rules_text)
+    out = {r.id: type(r.detector).__module__.rsplit(".", 1)[-1] for r in pool if r.detector is not None}
+    by_metric: dict[str, dict[str, int]] = {}
+    for rule_id, family in out.items():
+        for m in reads_of.get(rule_id, []):
+            by_metric.setdefault(m, {})[family] = by_metric.setdefault(m, {}).get(family, 0) + 1
+    for r in pool:
+        if r.id not in out:
+            first = (reads_of.get(r.id) or [""])[0]
+            votes = by_metric.get(first) or by_metric.get(first.split("/", 1)[0]) or {"other": 1}
+            out[r.id] = min(votes, key=lambda f: (-votes[f], f))
+    return out
+
+
 def value_at(gen: str, run_id: str, tag: str, step: int) -> float | None:
     """The current value of a run's tag at a step (None where it logged none)."""
     s = _series(gen, run_id, tag)

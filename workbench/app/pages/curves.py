@@ -396,6 +396,7 @@ def _alerts_on(
         return out
     live = "source" in alerts.columns
     reads_of = data.rule_metrics(st.session_state.get("bt_rules_text"))
+    family_of = data.rule_families(st.session_state.get("bt_rules_text"))
     for a in alerts.iter_rows(named=True):
         d = curves.get(a["run_id"])
         if d is None or not _fired_on(a, tag, metric, reads_of):
@@ -410,6 +411,7 @@ def _alerts_on(
                 "x0": data.place(d, a["step_start"])[0],
                 "x1": data.place(d, a["step_end"])[0],
                 "rule": a["rule"],
+                "family": family_of.get(a.get("rule_id") or a["rule"], "other"),
                 "run": a["run_id"],
                 "message": (a.get("message") or "")
                 + (f" · raised {a['raised_at']}" if a.get("raised_at") else ""),
