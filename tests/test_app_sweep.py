@@ -115,10 +115,16 @@ def test_the_guides_thresholds_are_marked_on_a_layer_heatmap(page):
 
     at = page(run=["layers"], tags="layer_0$")
     heat = next(f for t, f in figures(at).items() if t.startswith("grad_norm/layer_*"))
-    marks = {t["name"]: t for t in heat["data"] if t["type"] == "scatter"}
-    # the guides' gradient thresholds, as their rule file holds them
-    want = [t["text"] for t in data.layer_thresholds("grad_norm/layer_*", ("grad_norm/layer_0",), (None,))]
-    assert want and all(w.startswith(("guides_P1: grad_norm < ", "guides_P4: grad_norm < ")) for w in want)
-    assert [html.unescape(n).split(" (")[0] for n in marks] == want  # plotly shows the entities as `<`
-    for mark in marks.values():  # every marked cell is the vanishing layer 5, in each of the 40 steps' bins
-        assert set(values(mark["y"])) == {5.0} and len(values(mark["x"])) == 40
+    marks = {html.unescape(t["name"]).split(" (")[0]: t for t in heat["data"] if t["type"] == "scatter"}
+    # the guides' gradient thresholds, as their rule file holds them: two levels and a layer ratio
+    layers = tuple((n, f"grad_norm/layer_{n}") for n in range(8))
+    want = data.layer_thresholds("grad_norm/layer_*", layers, (None,) * 8)
+    assert [t["text"] for t in want] == list(marks)  # in the legend (plotly shows the entities as `<`)
+    levels = [t["text"] for t in want if "ratio" not in t]
+    assert levels and all(
+        w.startswith(("guides_P1: grad_norm < ", "guides_P4: grad_norm < ")) for w in levels
+    )
+    for text in levels:  # every marked cell is the vanishing layer 5, in each of the 40 steps' bins
+        assert set(values(marks[text]["y"])) == {5.0} and len(values(marks[text]["x"])) == 40
+    ratio = next(t for t in want if "ratio" in t)
+    assert ratio["ratio"] == (0, 1) and len(values(marks[ratio["text"]]["x"])) == 0  # 1/2: no explosion

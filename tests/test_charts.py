@@ -343,3 +343,15 @@ def test_alerts_take_one_marker_per_rule_family_with_the_family_in_the_legend():
     titles = [t.legendgrouptitle.text for t in by_name.values() if t.legendgrouptitle.text]
     assert sorted(titles) == ["alerts: gradients", "alerts: loss"]  # one title per family
     assert charts.alert_symbol("loss", backtest=True) == "triangle-up-open"
+
+
+def test_layer_heatmap_marks_a_ratio_of_two_layers_on_the_first():
+    steps = np.arange(10.0)
+    layers = {
+        0: (steps, np.r_[np.ones(6), np.full(4, 5000.0)]),
+        1: (steps, np.ones(10)),
+        2: (steps, np.ones(10)),
+    }
+    ratio = {"rule": "r", "op": ">", "value": 1000.0, "text": "r: a / b > 1000", "ratio": (0, 1)}
+    _, mark = charts.layer_heatmap("g/layer_*", layers, bins=10, thresholds=[ratio]).data
+    assert list(mark.y) == [0] * 4 and mark.name == "r: a / b &gt; 1000 (4 cells)"

@@ -766,9 +766,10 @@ def layer_heatmap(
     Colour on a log10 scale when every value is positive and they span over two decades (as
     gradient norms do), so a vanishing or exploding layer stands out.
 
-    `thresholds` ({op, value, text}, as `data.layer_thresholds` gives the guides'): each marks
-    the cells whose mean is past it, one marker shape per threshold named in the legend, and
-    is a tick on the colour bar."""
+    `thresholds` ({op, value, text[, ratio]}, as `data.layer_thresholds` gives the guides'): each
+    marks the cells whose mean is past it (with `ratio` (a, b): layer a's cells where a's mean
+    over b's is), one marker shape per threshold named in the legend; a plain one is also a
+    tick on the colour bar."""
     finite = [(n, s[np.isfinite(v)], v[np.isfinite(v)]) for n, (s, v) in layers.items()]
     finite = [(n, s, v) for n, s, v in finite if len(s)]
     if not finite:
@@ -796,9 +797,16 @@ def layer_heatmap(
     )
     centres = (edges[:-1] + edges[1:]) / 2
     marked = len(thresholds)
+    row_of = {n: row for row, (n, _, _) in enumerate(finite)}
     for i, t in enumerate(thresholds):
-        with np.errstate(invalid="ignore"):
-            past = COMPARE[t["op"]](z, t["value"]) & np.isfinite(z)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            if "ratio" in t:  # two layers' ratio, marked on the first of them
+                a, b = (row_of.get(n) for n in t["ratio"])
+                past = np.zeros_like(z, dtype=bool)
+                if a is not None and b is not None:
+                    past[a] = COMPARE[t["op"]](z[a] / z[b], t["value"]) & np.isfinite(z[a] / z[b])
+            else:
+                past = COMPARE[t["op"]](z, t["value"]) & np.isfinite(z)
         rows, cols = np.nonzero(past)
         fig.add_trace(  # drawn (and named in the legend) even where no cell is past it
             go.Scatter(
@@ -820,7 +828,7 @@ def layer_heatmap(
         ticks = [
             (v, str(t.get("rule", t["text"])))
             for t in thresholds
-            if not log or t["value"] > 0
+            if "ratio" not in t and (not log or t["value"] > 0)
             if z_lo <= (v := math.log10(t["value"]) if log else t["value"]) <= z_hi
         ]
         if ticks:  # the thresholds inside the colour range, named on the bar beside its own ticks

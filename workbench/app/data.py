@@ -459,13 +459,24 @@ def _number(node) -> float | None:
     return None
 
 
-def _thresholds(node) -> list[tuple[language.Name, str, float]]:
-    """(name, op, number) of every `name < number` (or `number > name`, ...) in a condition."""
+def _is_ratio(node) -> bool:
+    return (
+        isinstance(node, language.Binary)
+        and node.op == "/"
+        and isinstance(node.left, language.Name)
+        and isinstance(node.right, language.Name)
+    )
+
+
+def _thresholds(node) -> list[tuple[language.Name | language.Binary, str, float]]:
+    """(name, op, number) of every `name < number` (or `number > name`, ...) in a condition;
+    the name may be a ratio of two names (`a` / `b` > 1000: a Binary)."""
     if isinstance(node, language.Binary) and node.op in FLIP:
-        if isinstance(node.left, language.Name) and (v := _number(node.right)) is not None:
-            return [(node.left, node.op, v)]
-        if isinstance(node.right, language.Name) and (v := _number(node.left)) is not None:
-            return [(node.right, FLIP[node.op], v)]
+        left, right = node.left, node.right
+        if (isinstance(left, language.Name) or _is_ratio(left)) and (v := _number(right)) is not None:
+            return [(left, node.op, v)]  # type: ignore[list-item]
+        if (isinstance(right, language.Name) or _is_ratio(right)) and (v := _number(left)) is not None:
+            return [(right, FLIP[node.op], v)]  # type: ignore[list-item]
         return []
     if isinstance(node, language.Binary):
         return _thresholds(node.left) + _thresholds(node.right)
@@ -475,21 +486,35 @@ def _thresholds(node) -> list[tuple[language.Name, str, float]]:
 
 
 @st.cache_data(show_spinner=False)
-def layer_thresholds(family: str, tags: tuple[str, ...], metrics: tuple[str | None, ...]) -> list[dict]:
+def layer_thresholds(
+    family: str, layers: tuple[tuple[int, str], ...], metrics: tuple[str | None, ...]
+) -> list[dict]:
     """The guides' thresholds (detectors/guides.toml, at each rule's own parameters) on a layer
-    family: every comparison of a name with a number whose name is the family's (`grad_norm`
-    for `grad_norm/layer_*`), a metric of its tags, or a tag pattern matching one of them
-    (`ffn_input_std/*`). {rule, op, value, text} each, in the file's order."""
+    family (its (layer, tag) pairs and their metrics): every comparison of a name with a number
+    whose name is the family's (`grad_norm` for `grad_norm/layer_*`), a metric of its tags, or a
+    tag pattern matching one of them (`ffn_input_std/*`); and every ratio of two of its layers'
+    tags against a number (the guides' first/last layer gradient ratio), with `ratio`: the two
+    layers. {rule, op, value, text[, ratio]} each, in the file's order."""
     stem = re.sub(r"[_./-]*layers?[_./-]?$", "", family.split("*", 1)[0])  # grad_norm/layer_* -> grad_norm
     own = {stem, *(m for m in metrics if m)}
+    layer_of = {t: n for n, t in layers}
     out = []
     for rule in load_rule_file(GUIDES):
         if rule.when is None:
             continue
         for name, op, value in _thresholds(rule.ast()):
-            hit = (
-                name.name in own if not name.quoted else any(untrusted.glob_match(name.name, t) for t in tags)
-            )
+            if isinstance(name, language.Binary):  # a ratio of two of the family's tags
+                assert isinstance(name.left, language.Name) and isinstance(name.right, language.Name)
+                a, b = name.left.name, name.right.name
+                if a in layer_of and b in layer_of:
+                    text = f"{rule.id}: {a} / {b} {op} {value:g}"
+                    ratio = (layer_of[a], layer_of[b])
+                    out.append({"rule": rule.id, "op": op, "value": value, "text": text, "ratio": ratio})
+                continue
+            if name.quoted:
+                hit = any(untrusted.glob_match(name.name, t) for t in layer_of)
+            else:
+                hit = name.name in own
             if hit:
                 text = f"{rule.id}: {name.name} {op} {value:g}"
                 out.append({"rule": rule.id, "op": op, "value": value, "text": text})

@@ -476,7 +476,7 @@ if families:
                     f"{fam} · {heat_run}",
                     {n: data.current_points(gen, heat_run, t) for n, t in layers.items()},
                     thresholds=data.layer_thresholds(
-                        fam, tuple(layers.values()), tuple(metric_of.get(t) for t in layers.values())
+                        fam, tuple(layers.items()), tuple(metric_of.get(t) for t in layers.values())
                     ),
                 ),
                 key=f"curves_heat_{fam}",
