@@ -504,7 +504,7 @@ def _add_alerts(fig: go.Figure, alerts, legend) -> None:
         if backtest:
             named = legend(rule)
         else:
-            named = {"legendgroup": f"alerts: {family}", "showlegend": True, "name": txt(f"alert {rule}")}
+            named = {**legend(f"alert {rule}"), "legendgroup": f"alerts: {family}"}  # counted in the legend
             if family not in titled:
                 named["legendgrouptitle"] = {"text": txt(f"alerts: {family}")}
                 titled.add(family)
@@ -808,10 +808,10 @@ def layer_heatmap(
             else:
                 past = COMPARE[t["op"]](z, t["value"]) & np.isfinite(z)
         rows, cols = np.nonzero(past)
-        fig.add_trace(  # drawn (and named in the legend) even where no cell is past it
+        fig.add_trace(  # named in the legend even where no cell is past it (a trace without points is not)
             go.Scatter(
-                x=centres[cols],
-                y=[finite[r][0] for r in rows],
+                x=centres[cols] if len(rows) else [None],
+                y=[finite[r][0] for r in rows] if len(rows) else [None],
                 mode="markers",
                 marker={
                     "symbol": THRESHOLD_SYMBOLS[i % len(THRESHOLD_SYMBOLS)],
@@ -825,19 +825,18 @@ def layer_heatmap(
     if marked:
         shown = np.log10(z) if log else z
         z_lo, z_hi = float(np.nanmin(shown)), float(np.nanmax(shown))
-        ticks = [
+        marks = [
             (v, str(t.get("rule", t["text"])))
             for t in thresholds
             if "ratio" not in t and (not log or t["value"] > 0)
             if z_lo <= (v := math.log10(t["value"]) if log else t["value"]) <= z_hi
         ]
-        if ticks:  # the thresholds inside the colour range, named on the bar beside its own ticks
+        if marks:  # the thresholds inside the colour range, named on the bar; plain ticks clear of them
+            gap = 0.08 * (z_hi - z_lo)
+            plain = [v for v in np.linspace(z_lo, z_hi, 5) if all(abs(v - m) > gap for m, _ in marks)]
             fig.data[0].colorbar.update(
-                tickvals=[*np.linspace(z_lo, z_hi, 5), *(v for v, _ in ticks)],
-                ticktext=[
-                    *(f"{v:.3g}" for v in np.linspace(z_lo, z_hi, 5)),
-                    *(f"◀ {txt(n)}" for _, n in ticks),
-                ],
+                tickvals=[*plain, *(v for v, _ in marks)],
+                ticktext=[*(f"{v:.3g}" for v in plain), *(f"◀ {txt(n)}" for _, n in marks)],
             )
     fig.update_layout(
         title={"text": txt(title), "font": {"size": 14}, "x": 0},
@@ -846,6 +845,13 @@ def layer_heatmap(
         xaxis_title="step",
         yaxis_title="layer",
         showlegend=bool(marked),
-        legend={"orientation": "h", "x": 0, "y": -0.25, "yanchor": "top", "font": {"size": 11}},
+        legend={  # at the figure's foot, below the axis title, whatever the figure's height
+            "orientation": "h",
+            "x": 0,
+            "y": 0,
+            "yref": "container",
+            "yanchor": "bottom",
+            "font": {"size": 11},
+        },
     )
     return fig
