@@ -20,20 +20,27 @@ def _cell(v: object) -> str:
 
 def config_diff(configs: pl.DataFrame, runs: list[str], all_keys: bool = False) -> pl.DataFrame:
     """The config keys of `runs` as rows and the runs as columns (in the order given), each
-    value as text; only the keys whose values differ between them unless `all_keys` (a key some
-    run lacks differs, as W&B counts it). Keys none of them has are left out; a run without a
-    config is a column of MISSING."""
+    value as text; only the keys whose values differ between the runs that logged a config
+    unless `all_keys` (a key one of them lacks differs, as W&B counts it; a run without any
+    config is a column of MISSING that makes no key differ). Keys none of them has are left out."""
     by_run = {r: row for r, row in zip(configs["run_id"], configs.drop("run_id").rows(), strict=True)}
     keys = configs.columns[1:]
     rows: list[list[str]] = []
     for i, key in enumerate(keys):
         cells = [_cell(by_run[r][i]) if r in by_run else MISSING for r in runs]
-        if all(c == MISSING for c in cells):
+        logged = {c for r, c in zip(runs, cells, strict=True) if r in by_run}
+        if logged <= {MISSING}:
             continue
-        if all_keys or len(set(cells)) > 1:
+        if all_keys or len(logged) > 1:
             rows.append([key, *cells])
     names = [KEY, *(r if r != KEY else f"{r} (run)" for r in runs)]
     return pl.DataFrame(rows, schema=dict.fromkeys(names, pl.String), orient="row")
+
+
+def without_config(configs: pl.DataFrame, runs: list[str]) -> list[str]:
+    """The runs of `runs` that logged no config."""
+    have = set(configs["run_id"].to_list())
+    return [r for r in runs if r not in have]
 
 
 def shared_tags(tags: pl.DataFrame, n_runs: int) -> list[str]:

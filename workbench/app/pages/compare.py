@@ -47,6 +47,8 @@ st.subheader("Config")
 all_keys = st.toggle("all keys (not only those that differ between these runs)", key="compare_all_keys")
 state.publish(PARAMS)
 diff = compare.config_diff(data.configs(gen), sel, all_keys)
+if lacking := compare.without_config(data.configs(gen), sel):
+    st.caption(md(f"No config logged by {', '.join(lacking)} (its column is empty)."))
 if diff.is_empty():
     st.info(
         "Their configs are the same."
