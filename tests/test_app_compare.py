@@ -109,6 +109,19 @@ def test_alerts_side_by_side_and_three_runs(page, replayed_sample_runs):
     assert names == set(runs)
 
 
+def test_many_runs_have_their_alerts_in_one_table(page, replayed_sample_runs):
+    runs = replayed_sample_runs.query("SELECT DISTINCT run_id FROM alerts ORDER BY 1 LIMIT 7")[
+        "run_id"
+    ].to_list()
+    at = page(run=runs)
+    table = at.dataframe[2].value
+    stored = replayed_sample_runs.query(
+        f"SELECT count(*) n FROM alerts WHERE run_id IN ({', '.join(repr(r) for r in runs)})"
+    )["n"][0]
+    assert len(table) == stored and set(table["run_id"]) == set(runs)
+    assert len(at.dataframe) == 3  # config, counts, the alerts: no table per run
+
+
 def test_runs_page_ticked_rows_open_the_comparer(page):
     at = AppTest.from_file(APP, default_timeout=60)  # the Runs page, its rows ticked by a shared link
     at.query_params["run"] = PAIR

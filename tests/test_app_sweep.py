@@ -133,3 +133,16 @@ def test_the_guides_thresholds_are_marked_on_a_layer_heatmap(page):
 
 def marks_named(fig: dict) -> str:
     return " ".join(t["name"] for t in fig["data"] if t["type"] == "scatter")
+
+
+def test_the_run_comparer_takes_a_sweep_as_one_trace_per_colour(page):
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["run"] = SWEEP
+    at.run()
+    at.switch_page("workbench/app/pages/compare.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    fig = figures(at)["loss"]
+    lines = [t for t in fig["data"] if t.get("mode") == "lines"]
+    assert len(lines) == len({charts.colour_of(r) for r in SWEEP})
+    assert {n for t in lines for n in t["text"]} == set(SWEEP)  # every run drawn, named in the hover
+    assert "None of these runs logged a config" in at.info[0].value  # page() set the store

@@ -10,6 +10,8 @@ from workbench.app.untrusted import md
 
 MAX_CHARTS = 12
 BUCKETS = 300  # a chart is half the page wide: 300 buckets of 2 px
+SIDE_BY_SIDE_MAX = 6  # more runs: their alerts in one table with a run column
+POINTS_PER_CHART = 20_000  # what a sweep's lines share on one chart (as on Curves)
 
 st.title("Compare runs")
 current = data.generation()
@@ -48,7 +50,7 @@ all_keys = st.toggle("all keys (not only those that differ between these runs)",
 state.publish(PARAMS)
 diff = compare.config_diff(data.configs(gen), sel, all_keys)
 if lacking := compare.without_config(data.configs(gen), sel):
-    st.caption(md(f"No config logged by {', '.join(lacking)} (its column is empty)."))
+    st.caption(md(f"No config logged by {', '.join(lacking)} (an empty column each)."))
 if diff.is_empty():
     st.info(
         "Their configs are the same."
@@ -85,13 +87,18 @@ else:
     metric_of = dict(tag_df.select("tag", "metric").iter_rows())
     data.prefetch(gen, [(r, t) for t in shown for r in sel])
     legend = len(sel) <= charts.LEGEND_MAX
+    buckets = max(8, min(BUCKETS, POINTS_PER_CHART // (4 * len(sel))))
     for i in range(0, len(shown), 2):
         for col, tag in zip(st.columns(2), shown[i : i + 2], strict=False):
-            lines = []
-            for run in sel:
-                d = data.display_curve(gen, run, tag, smoothing, "step", False, BUCKETS)
-                if d and "smooth_x" in d:
-                    lines.append({**d, "name": run, "color": styles[run][0], "dash": styles[run][1]})
+            if legend:  # a few runs, each cached alone
+                curves = {r: data.display_curve(gen, r, tag, smoothing, "step", False, buckets) for r in sel}
+            else:  # a sweep: smoothed together, one cached result per chart
+                curves = dict(data.display_curves(gen, tuple(sel), tag, smoothing, "step", False, buckets))
+            lines = [
+                {**d, "name": run, "color": styles[run][0], "dash": styles[run][1]}
+                for run in sel
+                if (d := curves.get(run)) and "smooth_x" in d
+            ]
             metric = metric_of.get(tag)
             col.plotly_chart(
                 charts.curve_figure(
@@ -111,12 +118,24 @@ alerts = data.alerts(gen, tuple(sel))
 if alerts.is_empty():
     st.info("None of these runs has an alert (`workbench replay` raises them over stored runs).")
 else:
-    st.caption("Alerts per rule and run; each run's alerts below, side by side.")
+    side_by_side = len(sel) <= SIDE_BY_SIDE_MAX
+    st.caption(
+        "Alerts per rule and run; "
+        + ("each run's alerts below, side by side." if side_by_side else "every alert below, by run.")
+    )
     st.dataframe(
         compare.alert_counts(alerts, sel), hide_index=True, width="stretch", key="compare_alert_counts"
     )
-    per_row = min(len(sel), 3)
-    for i in range(0, len(sel), per_row):
+    if not side_by_side:
+        st.dataframe(
+            alerts.select("run_id", "rule", "step_fired", "severity", "value", "message"),
+            hide_index=True,
+            width="stretch",
+            key="compare_alerts",
+            column_config={"run_id": st.column_config.TextColumn("run", pinned=True)},
+        )
+    per_row = min(len(sel), 3) if side_by_side else 0
+    for i in range(0, len(sel) if side_by_side else 0, max(per_row, 1)):
         for col, run in zip(st.columns(per_row), sel[i : i + per_row], strict=False):
             mine = alerts.filter(pl.col("run_id") == run)
             col.markdown(f"**{md(run)}** · {mine.height} alert{'s' if mine.height != 1 else ''}")
