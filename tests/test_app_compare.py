@@ -158,3 +158,13 @@ def test_shared_tags_and_counts_as_tables():
         ("y", "p", compare.MISSING),
     ]
     assert np.array_equal(compare.alert_counts(pl.DataFrame(), ["a"]).columns, ["rule", "a"])
+
+
+def test_curves_page_opens_its_runs_in_the_comparer(page):
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params["run"] = PAIR
+    at.run()
+    at.switch_page("workbench/app/pages/curves.py").run()
+    at.button(key="curves_compare").click().run()
+    assert not at.exception and at.title[0].value == "Compare runs"
+    assert at.multiselect(key="compare_runs").value == PAIR

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import streamlit as st
 
-from workbench.app import charts, data, state, untrusted
+from workbench.app import PAGE, charts, data, state, untrusted
 from workbench.app.untrusted import md
 
 MAX_CHARTS = 24
@@ -52,9 +52,11 @@ state.restore(PARAMS)
 state.keep_only("curves_runs", all_runs)
 state.keep_only("curves_x", data.X_MODES)
 
-c1, c2 = st.columns([3, 2])
+c1, c2, c3 = st.columns([6, 4, 1.6], vertical_alignment="bottom")
 sel = c1.multiselect("Runs", all_runs, key="curves_runs")
 st.session_state[data.SELECTED] = sel
+if c3.button("Compare", key="curves_compare", disabled=len(sel) < 2, help="These runs in the run comparer."):
+    st.switch_page(PAGE["compare"].path, query_params={"run": sel})
 tag_filter = c2.text_input(
     "Tags (regex; empty: the loss)",
     key="curves_tags",
