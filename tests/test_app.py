@@ -16,7 +16,7 @@ import pytest
 from conftest import ingest_paths
 from streamlit.testing.v1 import AppTest
 
-from workbench.app import data
+from workbench.app import charts, data
 from workbench.store import Store
 
 ROOT = Path(__file__).parent.parent
@@ -201,10 +201,13 @@ def test_alerts_sit_on_the_chart_of_the_metric_that_fired(app, sample_store):
             if not (t.get("name") or "").startswith("alert "):
                 continue
             rule = t["name"].removeprefix("alert ")
-            metric = tag.split("/")[
-                -1
-            ]  # not a loss alert on grad_norm (a glob rule: on each tag it fired on)
+            metric = tag.split("/")[-1]  # not a loss alert on grad_norm (a glob rule: each tag it fired on)
             assert any(fnmatch.fnmatchcase(metric, m) for m in reads_of[rule]), (rule, tag)
+            family = data.rule_families()[rule]  # one marker per rule family, named in the legend
+            assert (
+                t["marker"]["symbol"] == charts.alert_symbol(family)
+                and t["legendgroup"] == f"alerts: {family}"
+            )
             drawn.setdefault(rule, set()).add(tag)
             for ax, ay in zip(t["x"], t["y"], strict=True):
                 assert ay == pytest.approx(np.interp(ax, x, y), rel=1e-4), tag  # on this chart's curve

@@ -106,3 +106,43 @@ def test_a_layer_family_is_drawn_as_a_heatmap(page):
     )
     assert z.shape[0] == 8 and np.allclose(np.nanmax(z, axis=1)[:5], np.log10(1.0 + np.arange(5)))
     assert np.nanmax(z[5]) == pytest.approx(-6)  # the vanishing layer, on a log scale
+
+
+def test_the_guides_thresholds_are_marked_on_a_layer_heatmap(page):
+    import html
+
+    from workbench.app import data
+
+    at = page(run=["layers"], tags="layer_0$")
+    heat = next(f for t, f in figures(at).items() if t.startswith("grad_norm/layer_*"))
+    marks = {html.unescape(t["name"]).split(" (")[0]: t for t in heat["data"] if t["type"] == "scatter"}
+    # the guides' gradient thresholds, as their rule file holds them: two levels and a layer ratio
+    layers = tuple((n, f"grad_norm/layer_{n}") for n in range(8))
+    want = data.layer_thresholds("grad_norm/layer_*", layers, (None,) * 8)
+    assert [t["text"] for t in want] == list(marks)  # in the legend (plotly shows the entities as `<`)
+    levels = [t["text"] for t in want if "ratio" not in t]
+    assert levels and all(
+        w.startswith(("guides_P1: grad_norm < ", "guides_P4: grad_norm < ")) for w in levels
+    )
+    for text in levels:  # every marked cell is the vanishing layer 5, in each of the 40 steps' bins
+        assert set(values(marks[text]["y"])) == {5.0} and len(values(marks[text]["x"])) == 40
+    ratio = next(t for t in want if "ratio" in t)
+    no_cells = values(marks[ratio["text"]]["x"])  # layer 0 / layer 1 = 1/2: no explosion, yet in the legend
+    assert ratio["ratio"] == (0, 1) and not np.isfinite(no_cells).any() and "(0 cells)" in marks_named(heat)
+
+
+def marks_named(fig: dict) -> str:
+    return " ".join(t["name"] for t in fig["data"] if t["type"] == "scatter")
+
+
+def test_the_run_comparer_takes_a_sweep_as_one_trace_per_colour(page):
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["run"] = SWEEP
+    at.run()
+    at.switch_page("workbench/app/pages/compare.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    fig = figures(at)["loss"]
+    lines = [t for t in fig["data"] if t.get("mode") == "lines"]
+    assert len(lines) == len({charts.colour_of(r) for r in SWEEP})
+    assert {n for t in lines for n in t["text"]} == set(SWEEP)  # every run drawn, named in the hover
+    assert "None of these runs logged a config" in at.info[0].value  # page() set the store

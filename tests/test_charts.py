@@ -295,3 +295,63 @@ def test_sweep_lineage_and_parallel_figures():
     )
     dims = par.data[0].dimensions
     assert [d.label for d in dims] == ["lr", "opt", "last_loss"] and list(dims[1].ticktext) == ["adam", "sgd"]
+
+
+def test_layer_heatmap_marks_the_cells_past_a_threshold():
+    steps = np.arange(10.0)
+    layers = {
+        0: (steps, np.full(10, 2.0)),
+        1: (steps, np.r_[np.full(5, 2.0), np.full(5, 0.1)]),
+        2: (steps, np.full(10, 1.5)),
+    }
+    plain = charts.layer_heatmap("attn_entropy/layer_*", layers, bins=10)
+    assert [t.type for t in plain.data] == ["heatmap"] and not plain.layout.showlegend
+    entropy = {"rule": "guides_P1", "op": "<", "value": 0.3, "text": "guides_P1: attn_entropy < 0.3"}
+    fig = charts.layer_heatmap("attn_entropy/layer_*", layers, bins=10, thresholds=[entropy])
+    heat, mark = fig.data
+    assert list(mark.y) == [1] * 5 and list(mark.x) == pytest.approx(heat.x[5:])  # layer 1's last 5 steps
+    assert mark.name == "guides_P1: attn_entropy &lt; 0.3 (5 cells)" and fig.layout.showlegend
+    assert 0.3 in heat.colorbar.tickvals and "◀ guides_P1" in heat.colorbar.ticktext
+
+
+def test_alerts_take_one_marker_per_rule_family_with_the_family_in_the_legend():
+    lines = [_line("a", np.arange(100), np.linspace(2, 1, 100))]
+
+    def alert(rule, family, x):
+        return {
+            "x": x,
+            "y": 1.5,
+            "color": "#111111",
+            "run": "a",
+            "rule": rule,
+            "family": family,
+            "message": "",
+        }
+
+    marks = [
+        alert("loss_spike", "loss", 10),
+        alert("olmo_spike", "loss", 20),
+        alert("ema_grad_spike", "gradients", 30),
+    ]
+    fig = charts.curve_figure("loss", lines, alerts=marks, ignore_outliers=False)
+    by_name = {t.name: t for t in fig.data if t.name and t.name.startswith("alert ")}
+    assert set(by_name) == {"alert loss_spike", "alert olmo_spike", "alert ema_grad_spike"}
+    symbol = {n: t.marker.symbol for n, t in by_name.items()}
+    assert symbol["alert loss_spike"] == symbol["alert olmo_spike"] == charts.FAMILY_SYMBOLS["loss"]
+    assert symbol["alert ema_grad_spike"] == charts.FAMILY_SYMBOLS["gradients"]
+    assert {t.legendgroup for t in by_name.values()} == {"alerts: loss", "alerts: gradients"}
+    titles = [t.legendgrouptitle.text for t in by_name.values() if t.legendgrouptitle.text]
+    assert sorted(titles) == ["alerts: gradients", "alerts: loss"]  # one title per family
+    assert charts.alert_symbol("loss", backtest=True) == "triangle-up-open"
+
+
+def test_layer_heatmap_marks_a_ratio_of_two_layers_on_the_first():
+    steps = np.arange(10.0)
+    layers = {
+        0: (steps, np.r_[np.ones(6), np.full(4, 5000.0)]),
+        1: (steps, np.ones(10)),
+        2: (steps, np.ones(10)),
+    }
+    ratio = {"rule": "r", "op": ">", "value": 1000.0, "text": "r: a / b > 1000", "ratio": (0, 1)}
+    _, mark = charts.layer_heatmap("g/layer_*", layers, bins=10, thresholds=[ratio]).data
+    assert list(mark.y) == [0] * 4 and mark.name == "r: a / b &gt; 1000 (4 cells)"

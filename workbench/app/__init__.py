@@ -1,6 +1,7 @@
 """The Streamlit app: `app.py` routes to these pages; `data` is the only module they read the
-store through, `charts` builds every figure (pure functions, tested without a browser), `state`
-keeps each page's view in the URL and runs the live refresh."""
+store through, `charts` builds every figure (pure functions, tested without a browser), `compare`
+builds the run comparer's tables, `state` keeps each page's view in the URL and runs the live
+refresh."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class Page:
 PAGES = [
     Page("runs", "Runs", None),
     Page("curves", "Curves", None),
+    Page("compare", "Compare runs", None),
     Page("backtest", "Alerts & backtest", None),
     Page("lineage", "Lineage", None),
 ]

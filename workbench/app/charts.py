@@ -45,6 +45,16 @@ DASHES = ["solid", "dot", "dash", "dashdot"]
 LEGEND_MAX = 20  # up to this many lines: one trace each, a legend to hide (click) or solo (double-click)
 UNIFIED_HOVER_MAX = 10  # up to this many lines the hover lists them all at an x, sorted by value
 ALERT_SYMBOLS = ["triangle-up", "triangle-down", "square", "pentagon", "hexagram", "star-diamond", "bowtie"]
+FAMILY_SYMBOLS = {  # a rule family (`data.rule_families`) -> its alerts' marker; others by name
+    "loss": "triangle-up",
+    "gradients": "diamond-tall",
+    "nonfinite": "bowtie",
+    "memory": "square",
+    "moe": "pentagon",
+    "patterns": "hexagram",
+    "plateaus": "star-diamond",
+    "other": "triangle-down",
+}
 EVENT_STYLE = {  # kind -> (marker symbol, colour)
     "overflow": ("triangle-down", "#d62728"),
     "min_loss_scale": ("x", "#d62728"),
@@ -468,18 +478,19 @@ def _y_axis(finite: np.ndarray, y_range: list[float] | None, log_y: bool) -> dic
     return out
 
 
-def alert_symbol(rule: str, backtest: bool = False) -> str:
-    """One marker shape per rule, from its name (the same on every chart); a backtest's alarms
-    open, stored alerts filled."""
-    shape = ALERT_SYMBOLS[zlib.crc32(rule.encode()) % len(ALERT_SYMBOLS)]
+def alert_symbol(family: str, backtest: bool = False) -> str:
+    """One marker shape per rule family (the same on every chart; a family the app does not
+    know gets one from its name); a backtest's alarms open, stored alerts filled."""
+    shape = FAMILY_SYMBOLS.get(family) or ALERT_SYMBOLS[zlib.crc32(family.encode()) % len(ALERT_SYMBOLS)]
     return shape + "-open" if backtest else shape
 
 
 def _add_alerts(fig: go.Figure, alerts, legend) -> None:
     """Alert intervals as shaded bands (only while few: more would hide the curves) and a
     marker where each fired, on its run's curve of this chart: one trace (and legend entry) per
-    rule, its shape the rule's, filled in the run's colour (a backtest's alarms: named as the
-    caller names them, open)."""
+    rule, its shape its family's (an alert's `family`, else `other`), filled in the run's colour,
+    the legend's rules under their family's title (a click there hides the family); a
+    backtest's alarms: named as the caller names them, open."""
     bands = len(alerts) <= 10
     for a in alerts:
         if bands and a.get("x0") is not None and a.get("x1") is not None:
@@ -487,14 +498,23 @@ def _add_alerts(fig: go.Figure, alerts, legend) -> None:
     by_rule: dict[tuple[str, bool], list[dict]] = {}
     for a in alerts:
         by_rule.setdefault((a["rule"], bool(a.get("backtest"))), []).append(a)
-    for (rule, backtest), marks in sorted(by_rule.items()):
+    titled: set[str] = set()
+    for (rule, backtest), marks in sorted(by_rule.items(), key=lambda kv: (_family(kv[1]), kv[0])):
+        family = _family(marks)
+        if backtest:
+            named = legend(rule)
+        else:
+            named = {**legend(f"alert {rule}"), "legendgroup": f"alerts: {family}"}  # counted in the legend
+            if family not in titled:
+                named["legendgrouptitle"] = {"text": txt(f"alerts: {family}")}
+                titled.add(family)
         fig.add_trace(
             go.Scatter(
                 x=[a["x"] for a in marks],
                 y=[a["y"] if a.get("y") is not None and math.isfinite(a["y"]) else None for a in marks],
                 mode="markers",
                 marker={
-                    "symbol": alert_symbol(rule, backtest),
+                    "symbol": alert_symbol(family, backtest),
                     "size": 11,
                     "color": [a["color"] for a in marks],
                     "line": {"width": 1.5, "color": [a["color"] if backtest else "black" for a in marks]},
@@ -502,13 +522,17 @@ def _add_alerts(fig: go.Figure, alerts, legend) -> None:
                 cliponaxis=False,
                 text=[
                     f"<b>{'live ' if a.get('live') else ''}{'backtest alarm' if backtest else 'alert'} "
-                    f"{txt(rule)}</b> · {txt(a['run'])}<br>{txt(a.get('message') or '')}"
+                    f"{txt(rule)}</b> ({txt(family)}) · {txt(a['run'])}<br>{txt(a.get('message') or '')}"
                     for a in marks
                 ],
                 hovertemplate="%{text}<extra></extra>",
-                **legend(rule if backtest else f"alert {rule}"),
+                **named,
             )
         )
+
+
+def _family(marks: list[dict]) -> str:
+    return str(marks[0].get("family") or "other")
 
 
 def _add_events(fig: go.Figure, events, legend) -> None:
@@ -727,11 +751,25 @@ def layer_families(tags: list[str], least: int = 3) -> dict[str, dict[int, str]]
     return {f: dict(sorted(layers.items())) for f, layers in out.items() if len(layers) >= least}
 
 
-def layer_heatmap(title: str, layers: dict[int, tuple[np.ndarray, np.ndarray]], bins: int = 200) -> go.Figure:
+THRESHOLD_SYMBOLS = ["x-thin-open", "cross-thin-open", "asterisk-open", "y-up-open"]
+COMPARE = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
+
+
+def layer_heatmap(
+    title: str,
+    layers: dict[int, tuple[np.ndarray, np.ndarray]],
+    bins: int = 200,
+    thresholds: Sequence[dict] = (),
+) -> go.Figure:
     """One run's layer family as a heatmap, layer (y) by step (x): each layer's current points
     averaged in `bins` equal step bins over the family's whole range (an empty bin stays blank).
     Colour on a log10 scale when every value is positive and they span over two decades (as
-    gradient norms do), so a vanishing or exploding layer stands out."""
+    gradient norms do), so a vanishing or exploding layer stands out.
+
+    `thresholds` ({op, value, text[, ratio]}, as `data.layer_thresholds` gives the guides'): each
+    marks the cells whose mean is past it (with `ratio` (a, b): layer a's cells where a's mean
+    over b's is), one marker shape per threshold named in the legend; a plain one is also a
+    tick on the colour bar."""
     finite = [(n, s[np.isfinite(v)], v[np.isfinite(v)]) for n, (s, v) in layers.items()]
     finite = [(n, s, v) for n, s, v in finite if len(s)]
     if not finite:
@@ -757,11 +795,63 @@ def layer_heatmap(title: str, layers: dict[int, tuple[np.ndarray, np.ndarray]], 
             hovertemplate="layer %{y} · step %{x:.0f}: %{z:.4g}<extra></extra>",
         )
     )
+    centres = (edges[:-1] + edges[1:]) / 2
+    marked = len(thresholds)
+    row_of = {n: row for row, (n, _, _) in enumerate(finite)}
+    for i, t in enumerate(thresholds):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            if "ratio" in t:  # two layers' ratio, marked on the first of them
+                a, b = (row_of.get(n) for n in t["ratio"])
+                past = np.zeros_like(z, dtype=bool)
+                if a is not None and b is not None:
+                    past[a] = COMPARE[t["op"]](z[a] / z[b], t["value"]) & np.isfinite(z[a] / z[b])
+            else:
+                past = COMPARE[t["op"]](z, t["value"]) & np.isfinite(z)
+        rows, cols = np.nonzero(past)
+        fig.add_trace(  # named in the legend even where no cell is past it (a trace without points is not)
+            go.Scatter(
+                x=centres[cols] if len(rows) else [None],
+                y=[finite[r][0] for r in rows] if len(rows) else [None],
+                mode="markers",
+                marker={
+                    "symbol": THRESHOLD_SYMBOLS[i % len(THRESHOLD_SYMBOLS)],
+                    "size": 7,
+                    "color": "#d62728",
+                },
+                name=f"{txt(t['text'])} ({len(rows)} cells)",
+                hovertemplate=f"{txt(t['text'])}<br>layer %{{y}} · step %{{x:.0f}}<extra></extra>",
+            )
+        )
+    if marked:
+        shown = np.log10(z) if log else z
+        z_lo, z_hi = float(np.nanmin(shown)), float(np.nanmax(shown))
+        marks = [
+            (v, str(t.get("rule", t["text"])))
+            for t in thresholds
+            if "ratio" not in t and (not log or t["value"] > 0)
+            if z_lo <= (v := math.log10(t["value"]) if log else t["value"]) <= z_hi
+        ]
+        if marks:  # the thresholds inside the colour range, named on the bar; plain ticks clear of them
+            gap = 0.08 * (z_hi - z_lo)
+            plain = [v for v in np.linspace(z_lo, z_hi, 5) if all(abs(v - m) > gap for m, _ in marks)]
+            fig.data[0].colorbar.update(
+                tickvals=[*plain, *(v for v, _ in marks)],
+                ticktext=[*(f"{v:.3g}" for v in plain), *(f"◀ {txt(n)}" for _, n in marks)],
+            )
     fig.update_layout(
         title={"text": txt(title), "font": {"size": 14}, "x": 0},
-        height=120 + 14 * len(finite),
-        margin={"l": 55, "r": 15, "t": 40, "b": 40},
+        height=120 + 14 * len(finite) + (24 * marked if marked else 0),
+        margin={"l": 55, "r": 15, "t": 40, "b": 40 + (24 * marked if marked else 0)},
         xaxis_title="step",
         yaxis_title="layer",
+        showlegend=bool(marked),
+        legend={  # at the figure's foot, below the axis title, whatever the figure's height
+            "orientation": "h",
+            "x": 0,
+            "y": 0,
+            "yref": "container",
+            "yanchor": "bottom",
+            "font": {"size": 11},
+        },
     )
     return fig

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 from datetime import datetime
 
 import numpy as np
@@ -20,7 +21,7 @@ import streamlit as st
 from detectors import language
 from detectors.backtest import Settings, backtest, judge
 from detectors.replay import GUIDES, default_rules, replay
-from detectors.rules import rules_from_text
+from detectors.rules import load_rule_file, rules_from_text
 from ingest import lineage as lineage_graph
 from workbench.app import charts, untrusted
 from workbench.errors import WorkbenchError
@@ -444,6 +445,103 @@ def rule_metrics(rules_text: str | None = None) -> dict[str, list[str]]:
             names += list(getattr(d, "metrics", ()) or ())
         out.setdefault(r.id, [])
         out[r.id] += [n for n in names if n not in out[r.id]]
+    return out
+
+
+FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+def _number(node) -> float | None:
+    if isinstance(node, language.Num):
+        return node.value
+    if isinstance(node, language.Unary) and node.op == "-" and isinstance(node.arg, language.Num):
+        return -node.arg.value
+    return None
+
+
+def _is_ratio(node) -> bool:
+    return (
+        isinstance(node, language.Binary)
+        and node.op == "/"
+        and isinstance(node.left, language.Name)
+        and isinstance(node.right, language.Name)
+    )
+
+
+def _thresholds(node) -> list[tuple[language.Name | language.Binary, str, float]]:
+    """(name, op, number) of every `name < number` (or `number > name`, ...) in a condition;
+    the name may be a ratio of two names (`a` / `b` > 1000: a Binary)."""
+    if isinstance(node, language.Binary) and node.op in FLIP:
+        left, right = node.left, node.right
+        if (isinstance(left, language.Name) or _is_ratio(left)) and (v := _number(right)) is not None:
+            return [(left, node.op, v)]  # type: ignore[list-item]
+        if (isinstance(right, language.Name) or _is_ratio(right)) and (v := _number(left)) is not None:
+            return [(right, FLIP[node.op], v)]  # type: ignore[list-item]
+        return []
+    if isinstance(node, language.Binary):
+        return _thresholds(node.left) + _thresholds(node.right)
+    if isinstance(node, language.Unary):
+        return _thresholds(node.arg)
+    return []
+
+
+@st.cache_data(show_spinner=False)
+def layer_thresholds(
+    family: str, layers: tuple[tuple[int, str], ...], metrics: tuple[str | None, ...]
+) -> list[dict]:
+    """The guides' thresholds (detectors/guides.toml, at each rule's own parameters) on a layer
+    family (its (layer, tag) pairs and their metrics): every comparison of a name with a number
+    whose name is the family's (`grad_norm` for `grad_norm/layer_*`), a metric of its tags, or a
+    tag pattern matching one of them (`ffn_input_std/*`); and every ratio of two of its layers'
+    tags against a number (the guides' first/last layer gradient ratio), with `ratio`: the two
+    layers. {rule, op, value, text[, ratio]} each, in the file's order."""
+    stem = re.sub(r"[_./-]*layers?[_./-]?$", "", family.split("*", 1)[0])  # grad_norm/layer_* -> grad_norm
+    own = {stem, *(m for m in metrics if m)}
+    layer_of = {t: n for n, t in layers}
+    out = []
+    for rule in load_rule_file(GUIDES):
+        if rule.when is None:
+            continue
+        for name, op, value in _thresholds(rule.ast()):
+            if isinstance(name, language.Binary):  # a ratio of two of the family's tags
+                assert isinstance(name.left, language.Name) and isinstance(name.right, language.Name)
+                a, b = name.left.name, name.right.name
+                if a in layer_of and b in layer_of:
+                    text = f"{rule.id}: {a} / {b} {op} {value:g}"
+                    ratio = (layer_of[a], layer_of[b])
+                    out.append({"rule": rule.id, "op": op, "value": value, "text": text, "ratio": ratio})
+                continue
+            if name.quoted:
+                hit = any(untrusted.glob_match(name.name, t) for t in layer_of)
+            else:
+                hit = name.name in own
+            if hit:
+                text = f"{rule.id}: {name.name} {op} {value:g}"
+                out.append({"rule": rule.id, "op": op, "value": value, "text": text})
+    return out
+
+
+@st.cache_data(show_spinner=False)
+def rule_families(rules_text: str | None = None) -> dict[str, str]:
+    """rule id -> its family, what the curves draw one marker shape for: a built-in's module
+    (`loss`, `gradients`, `nonfinite`, `memory`, `moe`, `patterns`, `plateaus`); a rule written
+    in the rule language (the guides', a user's) takes the family most built-ins reading its
+    first metric belong to (`guides_loss_spike` reads `loss`: `loss`), else `other`."""
+    pool = list(default_rules())
+    if rules_text:
+        with contextlib.suppress(WorkbenchError):
+            pool += _rules(rules_text)
+    reads_of = rule_metrics(rules_text)
+    out = {r.id: type(r.detector).__module__.rsplit(".", 1)[-1] for r in pool if r.detector is not None}
+    by_metric: dict[str, dict[str, int]] = {}
+    for rule_id, family in out.items():
+        for m in reads_of.get(rule_id, []):
+            by_metric.setdefault(m, {})[family] = by_metric.setdefault(m, {}).get(family, 0) + 1
+    for r in pool:
+        if r.id not in out:
+            first = (reads_of.get(r.id) or [""])[0]
+            votes = by_metric.get(first) or by_metric.get(first.split("/", 1)[0]) or {"other": 1}
+            out[r.id] = min(votes, key=lambda f: (-votes[f], f))
     return out
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import streamlit as st
 
-from workbench.app import charts, data, state, untrusted
+from workbench.app import PAGE, charts, data, state, untrusted
 from workbench.app.untrusted import md
 
 MAX_CHARTS = 24
@@ -52,9 +52,11 @@ state.restore(PARAMS)
 state.keep_only("curves_runs", all_runs)
 state.keep_only("curves_x", data.X_MODES)
 
-c1, c2 = st.columns([3, 2])
+c1, c2, c3 = st.columns([6, 4, 1.6], vertical_alignment="bottom")
 sel = c1.multiselect("Runs", all_runs, key="curves_runs")
 st.session_state[data.SELECTED] = sel
+if c3.button("Compare", key="curves_compare", disabled=len(sel) < 2, help="These runs in the run comparer."):
+    st.switch_page(PAGE["compare"].path, query_params={"run": sel})
 tag_filter = c2.text_input(
     "Tags (regex; empty: the loss)",
     key="curves_tags",
@@ -396,6 +398,7 @@ def _alerts_on(
         return out
     live = "source" in alerts.columns
     reads_of = data.rule_metrics(st.session_state.get("bt_rules_text"))
+    family_of = data.rule_families(st.session_state.get("bt_rules_text"))
     for a in alerts.iter_rows(named=True):
         d = curves.get(a["run_id"])
         if d is None or not _fired_on(a, tag, metric, reads_of):
@@ -410,6 +413,7 @@ def _alerts_on(
                 "x0": data.place(d, a["step_start"])[0],
                 "x1": data.place(d, a["step_end"])[0],
                 "rule": a["rule"],
+                "family": family_of.get(a.get("rule_id") or a["rule"], "other"),
                 "run": a["run_id"],
                 "message": (a.get("message") or "")
                 + (f" · raised {a['raised_at']}" if a.get("raised_at") else ""),
@@ -458,6 +462,9 @@ chart_grid()
 families = charts.layer_families(tag_df["tag"].to_list())
 if families:
     with st.expander(f"Per-layer heatmaps, layer × step ({len(families)} layer families)"):
+        st.caption(
+            "Cells past a threshold of the guides' rules (detectors/guides.toml) are marked, one shape per rule."
+        )
         h1, h2 = st.columns([1, 2])
         heat_run = h1.selectbox("Run", sel, key="curves_heat_run")
         shown_families = h2.multiselect(
@@ -470,6 +477,9 @@ if families:
                 charts.layer_heatmap(
                     f"{fam} · {heat_run}",
                     {n: data.current_points(gen, heat_run, t) for n, t in layers.items()},
+                    thresholds=data.layer_thresholds(
+                        fam, tuple(layers.items()), tuple(metric_of.get(t) for t in layers.values())
+                    ),
                 ),
                 key=f"curves_heat_{fam}",
                 width="stretch",

@@ -70,8 +70,11 @@ picked = [table["run_id"][i] for i in event.selection.rows] if event and event.s
 if picked:
     st.session_state[data.SELECTED] = picked
     st.query_params["run"] = picked
-    if st.button(f"Open {len(picked)} run(s) in Curves", key="runs_open_curves", type="primary"):
+    b1, b2 = st.columns(2)
+    if b1.button(f"Open {len(picked)} run(s) in Curves", key="runs_open_curves", type="primary"):
         st.switch_page(PAGE["curves"].path, query_params={"run": picked})
+    if len(picked) >= 2 and b2.button(f"Compare {len(picked)} runs", key="runs_compare"):
+        st.switch_page(PAGE["compare"].path, query_params={"run": picked})
 elif "run" in st.query_params:
     del st.query_params["run"]
 
