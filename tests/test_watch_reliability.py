@@ -6,7 +6,6 @@ growing log lose no alert. A real webhook receiver on 127.0.0.1 counts what arri
 
 from __future__ import annotations
 
-import errno
 import http.server
 import io
 import json
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from disks import fill, mounted_tmpfs
 from rich.console import Console
 
 from detectors.replay import replay
@@ -212,24 +212,7 @@ def test_a_restarted_watch_sends_what_was_never_sent(tmp_path, receiver):
 @pytest.fixture
 def small_fs(tmp_path):
     """A real 8 MiB file system (tmpfs): mounting needs root, else the test is skipped."""
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(mount: Path, leave: int) -> None:
-    """Fill the file system to the last byte, then give `leave` bytes back (a filler file)."""
-    with open(mount / "filler", "ab", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * (64 << 10))
-        except OSError as e:
-            assert e.errno == errno.ENOSPC
-        f.truncate(max(0, f.tell() - leave))
+    yield from mounted_tmpfs(tmp_path / "fs")
 
 
 def test_a_full_disk_fails_polls_not_the_watch(tmp_path, small_fs, receiver):
