@@ -28,9 +28,10 @@ def sample_store(replayed_sample_runs):
     return replayed_sample_runs  # the app only reads
 
 
-@pytest.fixture
-def app(sample_store, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_STORE", str(sample_store.root))
+def app_pages(store: Store, monkeypatch):
+    """Opens the app on `store` as a link would: the URL's query parameters, then `page`
+    (workbench/app/pages/<page>.py; the start page when None). A page that raised fails."""
+    monkeypatch.setenv("WORKBENCH_STORE", str(store.root))
 
     def open_page(page: str | None = None, **params) -> AppTest:
         at = AppTest.from_file(APP, default_timeout=120)
@@ -43,6 +44,11 @@ def app(sample_store, monkeypatch):
         return at
 
     return open_page
+
+
+@pytest.fixture
+def app(sample_store, monkeypatch):
+    return app_pages(sample_store, monkeypatch)
 
 
 def figures(at) -> dict[str, dict]:

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
-from test_app import APP, figures, plain, values
+from test_app import APP, app_pages, figures, plain, values
 
 from workbench.app import compare
 
@@ -19,18 +19,8 @@ PAIR = ["healthy_moe_top1", "healthy_moe_top2"]  # the same model, other MoE hpa
 
 @pytest.fixture
 def page(replayed_sample_runs, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_STORE", str(replayed_sample_runs.root))
-
-    def open_compare(**params) -> AppTest:
-        at = AppTest.from_file(APP, default_timeout=60)
-        for k, v in params.items():
-            at.query_params[k] = v
-        at.run()
-        at.switch_page("workbench/app/pages/compare.py").run()
-        assert not at.exception, [e.message for e in at.exception]
-        return at
-
-    return open_compare
+    open_page = app_pages(replayed_sample_runs, monkeypatch)
+    return lambda **params: open_page("compare", **params)
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

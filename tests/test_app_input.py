@@ -9,8 +9,7 @@ import time
 
 import pytest
 from conftest import ingest_paths
-from streamlit.testing.v1 import AppTest
-from test_app import APP, figures, plain
+from test_app import app_pages, figures, plain
 
 from workbench.app import untrusted
 from workbench.store import Store
@@ -36,19 +35,7 @@ def hostile_store(tmp_path_factory) -> Store:
 
 @pytest.fixture
 def page(hostile_store, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_STORE", str(hostile_store.root))
-
-    def open_page(name: str | None = None, **params) -> AppTest:
-        at = AppTest.from_file(APP, default_timeout=120)
-        for k, v in params.items():
-            at.query_params[k] = v
-        at.run()
-        if name:
-            at.switch_page(f"workbench/app/pages/{name}.py").run()
-        assert not at.exception, [e.message for e in at.exception]
-        return at
-
-    return open_page
+    return app_pages(hostile_store, monkeypatch)
 
 
 def test_patterns_run_in_linear_time():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import ingest_paths
 from streamlit.testing.v1 import AppTest
-from test_app import APP, figures, values
+from test_app import APP, app_pages, figures, values
 
 from workbench.app import charts
 from workbench.store import Store
@@ -44,18 +44,8 @@ def sweep_store(tmp_path_factory) -> Store:
 
 @pytest.fixture
 def page(sweep_store, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_STORE", str(sweep_store.root))
-
-    def open_curves(**params) -> AppTest:
-        at = AppTest.from_file(APP, default_timeout=120)
-        for k, v in params.items():
-            at.query_params[k] = v
-        at.run()
-        at.switch_page("workbench/app/pages/curves.py").run()
-        assert not at.exception, [e.message for e in at.exception]
-        return at
-
-    return open_curves
+    open_page = app_pages(sweep_store, monkeypatch)
+    return lambda **params: open_page("curves", **params)
 
 
 def test_a_sweep_is_one_trace_per_colour_with_alerts_off_at_first(page):
