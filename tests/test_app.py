@@ -264,10 +264,21 @@ def test_backtest_page_scores_in_percent_and_judges_by_onset(app):
         "trigger_rate_healthy",
         "false_alarms_per_1k",
     ]
-    assert scores.columns[-1] == "params" and not any("_ci_" in c for c in scores.columns)
+    assert "params" not in scores.columns and not any("_ci_" in c for c in scores.columns)
     p1 = scores[scores["rule"] == "P1_attention_collapse"].iloc[0]
     assert 1 < p1["recall"] <= 100  # a percentage, as the CLI prints it (P1 detects attention_collapse)
-    assert len(at.get("plotly_chart")) == 1  # the sweep chart
+    verdict_chart, sweep = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]  # the verdict first
+    assert sweep["layout"]["xaxis"]["title"]["text"] == "false alarms per 1k steps"
+    failed, healthy = (
+        next(t for t in verdict_chart["data"] if t["name"].startswith(w)) for w in ("failed", "healthy")
+    )
+    by_rule = dict(zip(failed["y"], zip(failed["x"], healthy["x"], strict=True), strict=True))
+    shown = (p1["trigger_rate_failed"] / 100, p1["trigger_rate_healthy"] / 100)
+    assert by_rule["P1_attention_collapse"] == pytest.approx(shown) and shown[0] > 0
+    separation = [f - h for f, h in zip(failed["x"], healthy["x"], strict=True)]
+    assert separation == sorted(separation)  # best separation on top (plotly draws the first at the bottom)
+    at.toggle(key="bt_params").set_value(True).run()
+    assert at.dataframe[0].value.columns[-1] == "params"  # the wide params on request, last
     at.selectbox(key="bt_rule").set_value("P1_attention_collapse").run()
     table = at.dataframe(key="bt_runs_table").value
     verdict = dict(zip(table["run_id"], table["verdict"], strict=True))

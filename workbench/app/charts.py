@@ -590,6 +590,57 @@ def sweep_figure(rows: list[dict]) -> go.Figure:
     return fig
 
 
+def verdict_figure(rows: list[dict]) -> go.Figure:
+    """The backtest's verdict at a glance: per rule (its first sweep point), the share of failed
+    runs it fired on beside the share of healthy runs, best separation on top; false alarms per
+    1k steps and the median lead in the hover."""
+    first: dict[str, dict] = {}
+    for r in rows:
+        first.setdefault(r["rule"], r)
+    rules = sorted(
+        first.values(),
+        key=lambda r: (
+            (r.get("trigger_rate_failed") or 0.0) - (r.get("trigger_rate_healthy") or 0.0),
+            r["rule"],
+        ),
+    )  # ascending: plotly draws the first category at the bottom
+    names = [txt(r["rule"]) for r in rules]
+    detail = [
+        f"FA/1k {_fmt(r.get('false_alarms_per_1k'))} · lead {_fmt(r.get('lead_time_median'))} steps"
+        for r in rules
+    ]
+    fig = go.Figure()
+    for col, label, colour in (
+        ("trigger_rate_healthy", "healthy runs triggered (false alarms)", "#d62728"),
+        ("trigger_rate_failed", "failed runs triggered", "#2ca02c"),
+    ):
+        fig.add_trace(
+            go.Bar(
+                y=names,
+                x=[r.get(col) or 0.0 for r in rules],
+                orientation="h",
+                name=label,
+                marker_color=colour,
+                text=detail,
+                hovertemplate=f"<b>%{{y}}</b><br>{label}: %{{x:.0%}}<br>%{{text}}<extra></extra>",
+                textposition="none",
+            )
+        )
+    fig.update_layout(
+        barmode="group",
+        xaxis={"title": "share of labelled runs the rule fired on", "tickformat": ".0%", "range": [0, 1]},
+        height=max(260, 22 * len(rules) + 110),
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"},
+        margin={"l": 10, "r": 20, "t": 40, "b": 40},
+    )
+    fig.update_yaxes(automargin=True)
+    return fig
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
 def lineage_figure(runs: list[dict], edges: list[dict]) -> go.Figure:
     """Runs as nodes coloured by status (with a legend), continuation edges between them; a run
     that resumed itself is drawn as a chain of its writer segments, one node per resume."""

@@ -97,11 +97,16 @@ RATES |= {"trigger_rate_failed", "trigger_rate_healthy"}
 
 
 def table(
-    rows: list[dict], key: str, first: Sequence[str] = (), pinned: int = 1, intervals: bool = True
+    rows: list[dict],
+    key: str,
+    first: Sequence[str] = (),
+    pinned: int = 1,
+    intervals: bool = True,
+    params: bool = True,
 ) -> None:
     """Rows as a table: rates as percentages (as the CLI prints them), the key columns pinned
     left, any column a newer backtest adds shown after the known ones, `params` last; the
-    confidence intervals only with `intervals`."""
+    confidence intervals only with `intervals`, the parameters only with `params`."""
     try:
         df = pl.DataFrame(rows, infer_schema_length=None)
     except (TypeError, ValueError, pl.exceptions.PolarsError):  # rows a saved file holds, mixed
@@ -113,6 +118,8 @@ def table(
     cols += [c for c in LAST if c in df.columns]
     if not intervals:
         cols = [c for c in cols if "_ci_" not in c]
+    if not params:
+        cols = [c for c in cols if c not in LAST]
     rates = [c for c in cols if c in RATES or c.endswith(("_rate", "recall", "precision"))]
     df = df.select(cols).with_columns([(pl.col(c).cast(pl.Float64) * 100) for c in rates])
     config = {c: st.column_config.NumberColumn(c, format=PCT) for c in rates}
@@ -129,8 +136,12 @@ if saved is None:
         f"{res['unknown']} unlabelled (left out). A failed run is detected when an alarm falls in "
         f"[onset − lead, onset + horizon]; rates in %, intervals are 95 % bootstrap over runs."
     )
-with_ci = st.toggle("95 % intervals", key="bt_intervals")
-table(res["rules"], "bt_table", ORDER, pinned=1, intervals=with_ci)
+if res["rules"]:
+    st.plotly_chart(charts.verdict_figure(res["rules"]), key="bt_verdict", width="stretch")
+t1, t2 = st.columns(2)
+with_ci = t1.toggle("95 % intervals", key="bt_intervals")
+with_params = t2.toggle("parameters", key="bt_params")
+table(res["rules"], "bt_table", ORDER, pinned=1, intervals=with_ci, params=with_params)
 swept = sorted({r["rule"] for r in res["rules"] if sum(x["rule"] == r["rule"] for x in res["rules"]) > 1})
 if swept:
     st.subheader("Threshold sweeps: recall vs false alarms")
