@@ -3,7 +3,11 @@
 Scalars in all four encodings (simple_value; a one-element `scalars` tensor with float_val,
 double_val or tensor_content), decoded in bulk by `ingest.tfevents`. Text summaries become
 `text` events (`in_job_alert` under a tag `ALERT/...`: a training job's own alert), hparams become the run's config, SessionLog START/CHECKPOINT become `resume` /
-`checkpoint` events. Histograms, images and audio are counted, not stored. DeepSpeed's
+`checkpoint` events. Histograms (a legacy HistogramProto as torch, tensorboardX and TF1 write
+them, or TF2's `histograms`-plugin tensor of [left, right, count] rows) become `histogram` events
+(the `histograms` view), in TensorBoard's own bucket form: the legacy proto's bucket i spans
+(limit[i-1], limit[i]]; its empty outer buckets are dropped and the first and last kept start
+at `min` and end at `max` (its outer limits may be ±DBL_MAX), as TensorBoard's dashboards read it. Images and audio are counted, not stored. DeepSpeed's
 TensorBoard monitor logs `Train/Samples/*` against samples: those tags are put on optimizer
 steps with the run's train_batch_size (see `ingest.ds_config`).
 
@@ -37,6 +41,7 @@ from ingest.lines import is_settled
 from ingest.textlog.alerts import IN_JOB_ALERT
 from workbench.store.points import Points
 
+HISTOGRAM = "histogram"  # the event kind a histogram summary is stored as
 SAMPLES_PREFIX = "Train/Samples/"  # DeepSpeed's monitor: these tags count samples, not steps
 ALERT_PREFIX = "ALERT/"  # text summaries a training job writes when its own detector fires
 BLOCK_BYTES = 64 << 20  # bounded memory: a file is decoded this many bytes at a time
@@ -282,6 +287,16 @@ class TensorBoardIngestor(Ingestor):
                     batch.evidence.append(
                         Evidence(_END_STATUS[status], message, int(step[i]), None, float(wall[i]))
                     )
+        is_histo = (kind == tfevents.V_HISTO) | (
+            (plugin_arr == "histograms")[group] & (kind == tfevents.V_TENSOR_OTHER)
+        )
+        for k in np.flatnonzero(is_histo):
+            i = rec[k]
+            ev = _fullevent(buf, offs[i], lens[i])
+            tag = tags[group[k]]
+            histo = _histogram_of(ev, tag) if ev else None
+            if histo is not None:
+                batch.events.append(event(step[i], wall[i], HISTOGRAM, tag, histo, base + offs[i]))
         other = ~scalar & ~is_text & ~is_hparams
         tensor = (
             (kind == tfevents.V_TENSOR_NUM)
@@ -289,10 +304,10 @@ class TensorBoardIngestor(Ingestor):
             | (kind == tfevents.V_TENSOR_OTHER)
         )
         for name, mask in (
-            ("histograms", kind == tfevents.V_HISTO),
+            ("histograms", is_histo),  # stored as events; counted as the other summaries are
             ("images", kind == tfevents.V_IMAGE),
             ("audio", kind == tfevents.V_AUDIO),
-            ("other_tensors", tensor),
+            ("other_tensors", tensor & ~is_histo),
         ):
             batch.counts[name] = batch.counts.get(name, 0) + int((mask & other).sum())
         return points
@@ -350,6 +365,48 @@ def _text_of(ev, tag: str) -> str:
         if v.tag == tag and v.HasField("tensor"):
             return "\n".join(s.decode("utf-8", errors="replace") for s in v.tensor.string_val)
     return ""
+
+
+def _histogram_of(ev, tag: str) -> dict | None:
+    """One histogram as TensorBoard's histogram plugin reads it: buckets as [left, right, count]
+    (`left`, `right`, `count`), with the legacy proto's `num`, `min`, `max`, `sum` where written;
+    None when the value is neither form (a tensor of another shape)."""
+    for v in ev.summary.value:
+        if v.tag != tag:
+            continue
+        if v.HasField("histo"):
+            h = v.histo
+            limits, counts = list(h.bucket_limit), list(h.bucket)
+            filled = [i for i, c in enumerate(counts) if c > 0]
+            if not filled or len(limits) != len(counts):
+                left: list[float] = []
+                right: list[float] = []
+                counts = []
+            else:  # the outer edges may be ±DBL_MAX: min and max stand for them
+                first, last = filled[0], filled[-1]
+                inner = limits[first:last]
+                left, right, counts = [h.min, *inner], [*inner, h.max], counts[first : last + 1]
+            return {
+                "left": left,
+                "right": right,
+                "count": counts,
+                "num": h.num,
+                "min": h.min,
+                "max": h.max,
+                "sum": h.sum,
+            }
+        if v.HasField("tensor"):
+            from tensorboard.util import tensor_util
+
+            try:
+                rows = tensor_util.make_ndarray(v.tensor).astype(np.float64)
+            except (TypeError, ValueError):
+                return None
+            if rows.ndim != 2 or rows.shape[1] != 3:
+                return None
+            left, right, counts = (rows[:, j].tolist() for j in range(3))
+            return {"left": left, "right": right, "count": counts, "num": float(rows[:, 2].sum())}
+    return None
 
 
 def _hparams_of(ev) -> dict:

@@ -320,7 +320,8 @@ def sql(query, store, fmt):
     Views: runs, files, scalars (current points, unique on run_id, tag, step, and
     on run_id, metric, step where sources agree), scalars_all (every stored
     point, with source, segment, superseded, superseded_by),
-    events, problems, checkpoints, lineage, labels, alerts, file_tags.
+    events, histograms, problems, checkpoints, lineage, labels, alerts,
+    file_tags.
 
     \b
     Example:

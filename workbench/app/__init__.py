@@ -27,6 +27,7 @@ PAGES = [
     Page("runs", "Runs", None),
     Page("curves", "Curves", None),
     Page("compare", "Compare runs", None),
+    Page("histograms", "Histograms", None),
     Page("backtest", "Alerts & backtest", None),
     Page("lineage", "Lineage", None),
 ]

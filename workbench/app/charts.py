@@ -641,6 +641,101 @@ def _fmt(v) -> str:
     return "-" if v is None else f"{v:.3g}"
 
 
+def distribution_figure(steps: np.ndarray, pct: np.ndarray, title: str, colour: str) -> go.Figure:
+    """TensorBoard's Distributions chart: the histogram's percentiles over steps (`pct`: one
+    column per `histograms.BASIS_POINTS`) as nested bands, darker towards the median, and the
+    median as a line."""
+    fig = go.Figure()
+    n = pct.shape[1]
+    r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    for k in range(n // 2):  # outermost band first, so the inner ones lie on top
+        lo, hi = pct[:, k], pct[:, n - 1 - k]
+        fig.add_trace(
+            go.Scatter(
+                x=np.r_[steps, steps[::-1]],
+                y=np.r_[hi, lo[::-1]],
+                fill="toself",
+                fillcolor=f"rgba({r},{g},{b},{0.12 + 0.14 * k:.2f})",
+                line={"width": 0},
+                hoverinfo="skip",
+                showlegend=False,
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=steps,
+            y=pct[:, n // 2],
+            mode="lines",
+            line={"color": colour, "width": 1.5},
+            name="median",
+            customdata=np.c_[pct[:, 0], pct[:, n - 1]],
+            hovertemplate="step %{x}<br>median %{y:.4g}<br>min %{customdata[0]:.4g} · max %{customdata[1]:.4g}<extra></extra>",
+            showlegend=False,
+        )
+    )
+    fig.update_layout(
+        title={"text": txt(title), "font": {"size": 13}},
+        xaxis_title="step",
+        height=300,
+        margin={"l": 50, "r": 10, "t": 40, "b": 40},
+    )
+    return fig
+
+
+def histogram_figure(
+    steps: np.ndarray,
+    centres: np.ndarray,
+    counts: np.ndarray,
+    title: str,
+    offset: bool,
+    colour: str = PALETTE[0],
+) -> go.Figure:
+    """TensorBoard's Histograms chart: one line per step (`counts`: one row per step on the
+    common bins whose centres are `centres`), the oldest at the back and palest; `offset` stacks
+    them by step as TensorBoard's offset mode does, else they overlay."""
+    fig = go.Figure()
+    r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    top = float(np.nanmax(counts)) if counts.size else 1.0
+    lift = top * 2.0 / max(len(steps), 1) if offset else 0.0  # the whole stack ~3 peaks high
+    for j in range(len(steps)):  # the oldest first: at the back
+        shade = 0.25 + 0.75 * (j / max(len(steps) - 1, 1))  # newest darkest
+        base = lift * (len(steps) - 1 - j)  # the oldest highest, the newest in front
+        x, y = centres, counts[j] + base
+        if offset:  # a closed outline, lightly filled (readable on a light or a dark theme)
+            x, y = np.r_[centres[:1], centres, centres[-1:]], np.r_[base, y, base]
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="lines",
+                line={"color": f"rgba({r},{g},{b},{shade:.2f})", "width": 1},
+                fill="toself" if offset else None,
+                fillcolor=f"rgba({r},{g},{b},0.15)" if offset else None,
+                name=f"step {int(steps[j])}",
+                text=np.r_[0.0, counts[j], 0.0] if offset else counts[j],
+                hovertemplate=f"step {int(steps[j])}<br>%{{x:.4g}}: %{{text:.4g}}<extra></extra>",
+                showlegend=False,
+            )
+        )
+    sample_ticks = sorted({round(k) for k in np.linspace(0, len(steps) - 1, min(len(steps), 5))})
+    fig.update_layout(
+        title={"text": txt(title), "font": {"size": 13}},
+        height=300,
+        margin={"l": 50, "r": 10, "t": 40, "b": 40},
+        yaxis=(
+            {  # the step of a few of the stacked lines, at their baselines
+                "tickvals": [lift * (len(steps) - 1 - j) for j in sample_ticks],
+                "ticktext": [f"step {int(steps[j])}" for j in sample_ticks],
+                "showgrid": False,
+            }
+            if offset
+            else {"title": "count"}
+        ),
+        hovermode="closest",
+    )
+    return fig
+
+
 def lineage_figure(runs: list[dict], edges: list[dict]) -> go.Figure:
     """Runs as nodes coloured by status (with a legend), continuation edges between them; a run
     that resumed itself is drawn as a chain of its writer segments, one node per resume."""

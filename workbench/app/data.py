@@ -553,6 +553,20 @@ def value_at(gen: str, run_id: str, tag: str, step: int) -> float | None:
 
 
 @st.cache_data(show_spinner=False)
+def histogram_tags(gen: str) -> pl.DataFrame:
+    """Per run and histogram tag: how many histograms and their step range."""
+    return read(gen, reads.histogram_tags())
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def histograms(gen: str, run_id: str, tag: str) -> pl.DataFrame:
+    """A run's histograms of one tag, one row per step (the last logged where a step repeats:
+    a resumed writer's)."""
+    df = read(gen, reads.histograms([run_id], tag))
+    return df.unique("step", keep="last", maintain_order=True)
+
+
+@st.cache_data(show_spinner=False)
 def events(gen: str, run_ids: tuple[str, ...]) -> pl.DataFrame:
     return read(gen, reads.chart_events(list(run_ids)))
 

@@ -382,6 +382,31 @@ def chart_events(run_ids: list[str]) -> Query:
     )
 
 
+def histogram_tags(run_ids: Sequence[str] | None = None) -> Query:
+    """Per run and histogram tag: how many histograms and their step range."""
+    where = " WHERE list_contains(?::VARCHAR[], run_id)" if run_ids is not None else ""
+    return Query(
+        "SELECT run_id, tag, count(*) AS histograms, min(step) AS first_step, max(step) AS last_step "
+        f"FROM histograms{where} GROUP BY run_id, tag ORDER BY run_id, tag",
+        [list(run_ids)] if run_ids is not None else [],
+    )
+
+
+def histograms(run_ids: Sequence[str] | None = None, tag: str | None = None) -> Query:
+    """The `histograms` view (of these runs; of one tag), by run, tag, step and file order."""
+    where: list[str] = []
+    params: dict[str, Any] = {}
+    if run_ids is not None:
+        where.append("list_contains($runs::VARCHAR[], run_id)")
+        params["runs"] = list(run_ids)
+    if tag is not None:
+        where.append("tag = $tag")
+        params["tag"] = tag
+    return Query(
+        f'SELECT * FROM histograms{_where(where)} ORDER BY run_id, tag, step, source_file, "offset"', params
+    )
+
+
 def alerts(run_ids: Sequence[str] | None = None) -> Query:
     """The `alerts` view (of these runs), by run and the step each fired."""
     if run_ids is None:

@@ -174,6 +174,11 @@ class Store:
         """The `events` view (of one run; of these kinds, e.g. ["overflow", "checkpoint"])."""
         return self.query(reads.events(run_id, kinds))
 
+    def histograms(self, run_id: str | None = None, tag: str | None = None) -> pl.DataFrame:
+        """The `histograms` view (of one run; of one tag): TensorBoard histogram summaries, one
+        row per tag and step, buckets as `left`, `right` and `count` lists."""
+        return self.query(reads.histograms(None if run_id is None else [run_id], tag))
+
     def alerts(self, run_id: str | None = None) -> pl.DataFrame:
         """The stored alerts (of one run): what the last replay and any watch raised."""
         return self.query(reads.alerts(None if run_id is None else [run_id]))

@@ -243,7 +243,16 @@ def view_statements(
                   to_timestamp(f.mtime_ns / 1e9) AS mtime, to_timestamp(f.ingested_at) AS ingested_at
            FROM _files f LEFT JOIN _file_order fo USING (path)""",
         "CREATE OR REPLACE VIEW events AS SELECT run_id, step, wall_time, kind, message, attrs, "
-        'path AS source_file, "offset" FROM _events',
+        "path AS source_file, \"offset\" FROM _events WHERE kind <> 'histogram'",
+        # histogram summaries, kept as events of their own kind (ingest.tensorboard): one row per
+        # tag and step, buckets as TensorBoard's histogram plugin reads them
+        """CREATE OR REPLACE VIEW histograms AS
+           SELECT run_id, message AS tag, step, wall_time,
+                  (attrs->'left')::DOUBLE[] AS "left", (attrs->'right')::DOUBLE[] AS "right",
+                  (attrs->'count')::DOUBLE[] AS count, (attrs->>'num')::DOUBLE AS num,
+                  (attrs->>'min')::DOUBLE AS min, (attrs->>'max')::DOUBLE AS max,
+                  (attrs->>'sum')::DOUBLE AS sum, path AS source_file, "offset"
+           FROM _events WHERE kind = 'histogram'""",
         "CREATE OR REPLACE VIEW agreement AS SELECT * FROM _agreement",
         # tags that look like a loss or a gradient norm but map to no metric: no rule sees them
         f"""CREATE OR REPLACE VIEW unmapped_tags AS
@@ -373,7 +382,8 @@ VIEW_NAMES = frozenset(
     {"_" + t for t in (*schema.META_TABLES, *schema.DERIVED_TABLES)}
     | {"_agreeing", "_auto_labels", "_cutoffs", "_events", "_file_order", "_multi_source"}
     | {"_nonfinite_tails", "_points", "_ranked_tags", "_run_status", "_runs_base", "_tag_metric"}
-    | {"agreement", "alerts", "checkpoints", "deliveries", "events", "file_tags", "files", "labels"}
+    | {"agreement", "alerts", "checkpoints", "deliveries", "events", "file_tags", "files", "histograms"}
+    | {"labels"}
     | {"lineage", "problems", "runs", "scalars", "scalars_all", "unmapped_tags"}
 )
 
