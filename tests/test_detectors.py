@@ -21,7 +21,7 @@ from detectors.builtins.loss import LlmFoundrySpike, LossDivergence, MegatronSpi
 from detectors.builtins.memory import MemoryPressure
 from detectors.builtins.moe import BalanceLossShare, MoeImbalance
 from detectors.builtins.nonfinite import LossScaleCollapse, NonFinite, NonFiniteGradNorm
-from detectors.builtins.patterns import PatternP1
+from detectors.builtins.patterns import PatternP1, PatternP3Accuracy
 from detectors.builtins.plateaus import LrCollapse, Plateau
 from detectors.engine import evaluate
 from detectors.replay import batches, replay_batches
@@ -488,7 +488,11 @@ def test_builtin_stays_quiet_on_healthy_runs_fp16_skips_included(real_alarms, ru
         assert {"healthy_seed0", "healthy_deepspeed_fp16"} <= set(first)
     else:
         assert not set(first) & set(HEALTHY)
-    assert rule in {p[0] for p in PINS} or rule in ("loss_drop", "P3_eval_stalled")
+    assert rule in {p[0] for p in PINS} or rule in (
+        "loss_drop",
+        "P3_eval_stalled",
+        "P3_eval_accuracy_stalled",
+    )
 
 
 def test_the_healthy_fp16_run_really_skips_steps(real_alarms):
@@ -514,3 +518,25 @@ def test_rules_without_a_corpus_run_of_their_kind_stay_quiet_where_they_do_not_a
     """loss_drop targets data leaks and resets, P3 a flat eval while train falls: no real run
     here has either; on the overfit run the eval loss moves, so P3 stays quiet."""
     assert real_alarms[0]["loss_drop"][0] == {} and real_alarms[0]["P3_eval_stalled"][0] == {}
+
+
+def test_p3_reads_an_eval_accuracy_where_one_is_logged(tmp_path):
+    """P3 on `eval_accuracy` (HF's eval_accuracy, Keras' val_accuracy): the train loss falls
+    while the accuracy stands still for 10 evals; a rising accuracy is quiet, and so is a run
+    with no accuracy."""
+    for run, flat_from in (("stalls", 100), ("learns", None), ("no_accuracy", None)):
+        lines = []
+        for step in range(0, 400):
+            rec = {"step": step, "train/loss": 3.0 - step / 200}
+            if step % 10 == 0 and run != "no_accuracy":
+                acc = 0.5 + min(step, flat_from or 10**9) / 1000
+                rec["eval/accuracy" if run == "stalls" else "val_accuracy"] = round(acc, 6)
+            lines.append(json.dumps(rec))
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    store = Store(tmp_path / "store")
+    ingest_paths(store, tmp_path / "stalls", tmp_path / "learns", tmp_path / "no_accuracy")
+    (done,) = replay_batches(store, [PatternP3Accuracy().rule()], batches(store, None))
+    first = done.alerts.group_by("run_id").agg(pl.col("step_fired").min())
+    # flat from the eval at step 100 on: the 10th unchanged eval (delta over one eval) is step 200
+    assert dict(first.iter_rows()) == {"stalls": 200}

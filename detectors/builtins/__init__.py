@@ -53,6 +53,7 @@ BUILTINS: list[Detector] = [
     patterns.PatternP1(),
     patterns.PatternP2(),
     patterns.PatternP3(),
+    patterns.PatternP3Accuracy(),
     patterns.PatternP4(),
     plateaus.Plateau(),
     plateaus.LrCollapse(),

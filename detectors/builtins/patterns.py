@@ -67,6 +67,16 @@ class PatternP3(Detector):
 
 
 @dataclass(frozen=True)
+class PatternP3Accuracy(PatternP3):
+    """The guides' P3 on an eval accuracy or F1 (`eval_accuracy`: HF's eval_accuracy, Keras'
+    val_accuracy, Lightning's val_acc) where a run logs one: train loss falling while it moves
+    < 0.001 for 10 evals. Runs without one are listed as not evaluable."""
+
+    eval_metric: str = "eval_accuracy"
+    id = "P3_eval_accuracy_stalled"
+
+
+@dataclass(frozen=True)
 class PatternP4(Detector):
     """The guides' P4: memory more than 3 GB above its minimum of the last `window` values while
     grad_norm < 1e-3 (a leak while training stalls). Metric `memory_gb` (the process memory;

@@ -40,6 +40,12 @@ BUILTIN: list[tuple[str, str]] = [
     ("eval_loss", rf"{EVAL}_(?:{EVAL}_)?{KERAS}{LOSS}(?:_epoch)?|{KERAS}{LOSS}_{EVAL}(?:_epoch)?"),
     ("eval_loss", r"(?:validation_)?evaluation_loss_vs_iterations|lm_loss_validation"),
     ("eval_loss", "tel"),  # llm.c main.log: `s:N tel:X` (test loss)
+    # an eval metric that rises as the model learns: HF's eval_accuracy / eval_f1, Keras'
+    # val_accuracy, Lightning's val_acc (the guides' P3 reads it where no eval loss moves)
+    (
+        "eval_accuracy",
+        rf"{EVAL}_{KERAS}(?:acc|accuracy|f1|f1_score|exact_match)(?:_epoch)?|(?:acc|accuracy|f1)_{EVAL}(?:_epoch)?",
+    ),
     ("loss", rf"(?:{TRAIN}_)?{KERAS}{LOSS}(?:_{TRAIN})?(?:_step)?|train_samples_train_loss"),
     ("loss", "trl"),  # llm.c main.log: `s:N trl:X lr:Y norm:Z` (train loss)
     ("grad_norm", rf"{OPTIM}(?:{GRAD_NORM})(?:_step)?"),
