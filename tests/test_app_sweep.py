@@ -62,6 +62,25 @@ def test_a_sweep_is_one_trace_per_colour_with_alerts_off_at_first(page):
     assert at.checkbox(key="curves_alerts").value is True and not at.exception
 
 
+def test_runs_of_a_sweep_highlighted_with_a_legend_and_soloed(page):
+    at = page(run=SWEEP, tags="^loss$", hl=["lr07", "lr42"])
+    fig = figures(at)["loss"]
+    own = {t["name"]: t for t in fig["data"] if t.get("showlegend")}
+    assert set(own) == {"lr07", "lr42"}  # on top, each its own trace: click to hide, double-click to solo
+    assert own["lr07"]["line"]["color"] == charts.colour_of("lr07")  # its colour, as everywhere
+    assert values(own["lr42"]["y"])[0] == pytest.approx(
+        2.42
+    )  # its own curve (smoothing starts at the first point)
+    faint = [t for t in fig["data"] if t.get("mode") == "lines" and "text" in t]  # bundles name each point
+    assert faint and all(t["opacity"] == 0.3 for t in faint)  # the others, faint, still there
+    assert {n for t in faint for n in t["text"]} == set(SWEEP) - {"lr07", "lr42"}
+    at.checkbox(key="curves_only_highlighted").check().run()
+    assert at.query_params["solo"] == "1" and at.query_params["hl"] == ["lr07", "lr42"]
+    lines = [t for t in figures(at)["loss"]["data"] if t.get("mode") == "lines" and t.get("name")]
+    assert [t["name"] for t in lines] == ["lr07", "lr42"]  # only these (and their raw lines)
+    assert len(figures(at)["loss"]["data"]) == 4
+
+
 def test_a_run_keeps_its_colour_when_another_is_removed(page):
     picked = SWEEP[:6]
     at = page(run=picked, tags="^loss$")

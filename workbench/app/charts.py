@@ -280,6 +280,8 @@ def curve_figure(
     show_raw: bool = True,
     legend_lines: bool = False,
     height: int = 340,
+    highlight: Sequence[str] = (),
+    hide_others: bool = False,
 ) -> go.Figure:
     """One chart: one line per run (or group) with its faint raw line behind, NaN/Inf markers
     pinned to the top edge, points replaced by a resume, group bands, alert and event markers.
@@ -293,7 +295,9 @@ def curve_figure(
     Up to LEGEND_MAX lines each is a trace of its own with `legend_lines` (click a name to hide
     it, double-click to solo it; its colour stays); beyond, the lines of one colour are drawn as
     one trace (a sweep of 500 runs is 20 traces, not 1000) without raw lines, and the hover names
-    the nearest line. The hover lists every line at the hovered x only while they are few.
+    the nearest line; the lines named in `highlight` are drawn on top of them as traces of
+    their own (by `key`, else name), with a legend (click to hide, double-click to solo), and the
+    rest faint, or not at all with `hide_others`. The hover lists every line at the hovered x only while they are few.
     """
     fig = go.Figure()
     legend_seen: set[str] = set()
@@ -322,37 +326,44 @@ def curve_figure(
                 legendgroup=ln["name"],
             )
         )
+    own = lines
     if bundled:
-        _add_bundles(fig, lines)
-    else:
-        for ln in lines:
-            line = {"color": ln["color"], "dash": ln.get("dash", "solid")}
-            name = txt(ln["name"])
-            if show_raw and smoothing > 0 and len(ln.get("raw_x", ())):
-                fig.add_trace(
-                    go.Scatter(
-                        x=ln["raw_x"],
-                        y=ln["raw_y"],
-                        mode="lines",
-                        line={**line, "width": 1},
-                        opacity=0.25,
-                        hoverinfo="skip",
-                        showlegend=False,
-                        legendgroup=ln["name"],
-                    )
-                )
+        wanted = set(highlight)
+        own = [ln for ln in lines if ln.get("key", ln["name"]) in wanted]
+        rest = [ln for ln in lines if ln.get("key", ln["name"]) not in wanted]
+        if not (own and hide_others):
+            _add_bundles(fig, rest, opacity=0.3 if own else 1.0)
+        if own and hide_others:
+            lines = own  # what is not drawn does not set the y range either
+        legend_lines = bool(own)
+    for ln in own:
+        line = {"color": ln["color"], "dash": ln.get("dash", "solid")}
+        name = txt(ln["name"])
+        if show_raw and smoothing > 0 and len(ln.get("raw_x", ())):
             fig.add_trace(
                 go.Scatter(
-                    x=ln["smooth_x"],
-                    y=ln["smooth_y"],
+                    x=ln["raw_x"],
+                    y=ln["raw_y"],
                     mode="lines",
-                    line={**line, "width": 2},
-                    name=name,
+                    line={**line, "width": 1},
+                    opacity=0.25,
+                    hoverinfo="skip",
+                    showlegend=False,
                     legendgroup=ln["name"],
-                    showlegend=legend_lines,
-                    hovertemplate=f"{name}: %{{y:.5g}}<extra></extra>",
                 )
             )
+        fig.add_trace(
+            go.Scatter(
+                x=ln["smooth_x"],
+                y=ln["smooth_y"],
+                mode="lines",
+                line={**line, "width": 2.5 if bundled else 2},
+                name=name,
+                legendgroup=ln["name"],
+                showlegend=legend_lines,
+                hovertemplate=f"{name}: %{{y:.5g}}<extra></extra>",
+            )
+        )
     visible = [np.asarray(ln["smooth_y"], np.float64) for ln in lines]
     for ln in lines:
         if len(ln.get("sup_x", ())):
@@ -396,7 +407,7 @@ def curve_figure(
             annotation={"text": txt(text), "textangle": -90, "font": {"size": 10}},
             annotation_position="top left",
         )
-    n_legend = len(legend_seen) + (len(lines) if legend_lines else 0)
+    n_legend = len(legend_seen) + (len(own) if legend_lines else 0)
     legend_rows = math.ceil(n_legend / 4)
     fig.update_layout(
         title={
@@ -430,7 +441,7 @@ def curve_figure(
     return fig
 
 
-def _add_bundles(fig: go.Figure, lines: list[dict]) -> None:
+def _add_bundles(fig: go.Figure, lines: list[dict], opacity: float = 1.0) -> None:
     """The lines of each colour as one trace, separated by gaps; each point's hover names its line."""
     by_colour: dict[str, list[dict]] = {}
     for ln in lines:
@@ -449,6 +460,7 @@ def _add_bundles(fig: go.Figure, lines: list[dict]) -> None:
                 y=compact(np.concatenate(ys)),
                 mode="lines",
                 line={"color": colour, "width": 1.5},
+                opacity=opacity,
                 connectgaps=False,
                 text=np.concatenate(names),  # an array: plotly takes it whole, a list item by item
                 name=f"{len(group)} lines",

@@ -42,6 +42,8 @@ PARAMS = [
     state.Param("curves_events", "events", True),
     state.Param("curves_superseded", "replaced", False),
     state.Param("curves_live", "live", False),
+    state.Param("curves_highlight", "hl", []),
+    state.Param("curves_only_highlighted", "solo", False),
 ]
 if "curves_runs" not in st.session_state and "run" not in st.query_params:
     # arriving without a link: the runs picked elsewhere in this session (the Runs page), else the first few
@@ -163,7 +165,19 @@ def chart_grid() -> None:
     alerts = _alerts(show_alerts)
     events = data.events(gen, tuple(sel)) if show_events else pl.DataFrame()
     legend = len(keys) <= charts.LEGEND_MAX
-    if not legend:
+    highlight: list[str] = []
+    only_highlighted = False
+    if not legend:  # a sweep: no legend of its own; pick the lines to hide or solo
+        state.keep_only("curves_highlight", keys)
+        h1, h2 = st.columns([5, 1])
+        highlight = h1.multiselect(
+            f"Highlight (of {len(keys)} {'groups' if grouped else 'runs'})",
+            keys,
+            key="curves_highlight",
+            placeholder="lines drawn on top, the rest faint, with a legend to hide (click) or solo (double-click) them",
+        )
+        only_highlighted = h2.checkbox("only these", key="curves_only_highlighted", disabled=not highlight)
+        state.publish(PARAMS)
         with st.expander(
             f"Colour key ({len(keys)} {'groups' if grouped else 'runs'}; each colour is shared)"
         ):
@@ -224,6 +238,8 @@ def chart_grid() -> None:
             show_raw=show_raw and not grouped,
             legend_lines=legend and len(keys) > 1,
             height=420 if ncols == 1 else 330,
+            highlight=highlight,
+            hide_others=only_highlighted,
         )
 
     zoom = _x_zoom(list(figures), x_mode, share_zoom)
@@ -348,6 +364,7 @@ def _group_lines(tag, curves, keys, groups, styles, smoothing, x_mode, buckets) 
             lines.append(
                 {
                     "name": name,
+                    "key": key,
                     "color": color,
                     "dash": dash,
                     "smooth_x": b["x"],
