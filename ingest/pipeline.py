@@ -292,8 +292,10 @@ def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: Ing
 
 
 def _check_labels(w: StoreWriter, path: Path, labels: list[dict], report: IngestReport) -> None:
-    """A label for a run the store does not hold, or whose onset lies outside the run's steps,
-    is kept (the run may come later) and reported as a problem of the labels file."""
+    """A label naming a folder that holds one run (Lightning's `run/lightning_logs/version_0`,
+    a trainer's `output/runs/<date>`) is that run's. A label for a run the store does not hold,
+    or whose onset lies outside the run's steps, is kept (the run may come later) and reported
+    as a problem of the labels file."""
     ranges = (
         w.table("chunks")
         .select("chunk_id", "run_id")
@@ -302,11 +304,31 @@ def _check_labels(w: StoreWriter, path: Path, labels: list[dict], report: Ingest
         .agg(pl.col("min_step").min(), pl.col("max_step").max())
     )
     steps = {r: (lo, hi) for r, lo, hi in ranges.iter_rows()}
-    runs = set(w.table("files")["run_id"].to_list()) | set(steps)
+    runs = set(w.table("files")["run_id"].drop_nulls().to_list()) | set(steps)
     problems = []
+    inside = {
+        label["run_id"]: sorted(r for r in runs if r.startswith(label["run_id"] + "/")) for label in labels
+    }
+    if any(label["run_id"] not in runs and len(inside[label["run_id"]]) == 1 for label in labels):
+        labels = [
+            {**label, "run_id": inside[label["run_id"]][0]}
+            if label["run_id"] not in runs and len(inside[label["run_id"]]) == 1
+            else label
+            for label in labels
+        ]
+        w.set_labels(str(path.absolute()), labels)
     for label in labels:
         run, onset = label["run_id"], label["onset"]
-        if run not in runs:
+        if run not in runs and len(inside[run]) > 1:
+            some = ", ".join(inside[run][:3]) + (", ..." if len(inside[run]) > 3 else "")
+            problems.append(
+                Problem(
+                    0,
+                    "label_unknown_run",
+                    f"[runs.{json.dumps(run)}]: a folder of {len(inside[run])} runs ({some}); label one of them",
+                )
+            )
+        elif run not in runs:
             problems.append(
                 Problem(0, "label_unknown_run", f"[runs.{json.dumps(run)}]: no such run under {path.parent}")
             )

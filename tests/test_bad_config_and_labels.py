@@ -97,6 +97,28 @@ def test_labels_for_a_missing_run_or_an_onset_outside_the_run_are_problem_rows(t
     assert store.query("SELECT count(*) FROM problems").rows() == [(0,)]
 
 
+def test_a_label_naming_a_folder_of_one_run_is_that_runs(tmp_path):
+    # Lightning writes a run into run/lightning_logs/version_0; a label names the folder a user knows
+    jsonl_run(tmp_path / "runs/lit/lightning_logs/version_0", steps=range(30))
+    jsonl_run(tmp_path / "runs/sweep/seed0")
+    jsonl_run(tmp_path / "runs/sweep/seed1")
+    (tmp_path / "runs/labels.toml").write_text(
+        '[runs.lit]\noutcome = "failed"\nonset = 20\n[runs.sweep]\noutcome = "healthy"\n'
+    )
+    store = Store(tmp_path / "store")
+    report = ingest_paths(store, tmp_path / "runs")
+    assert [(p.kind, p.message) for _, p in report.problems] == [
+        (
+            "label_unknown_run",
+            '[runs."sweep"]: a folder of 2 runs (sweep/seed0, sweep/seed1); label one of them',
+        )
+    ]
+    labels = store.query("SELECT run_id, outcome, onset FROM labels WHERE source = 'manual' ORDER BY run_id")
+    assert labels.rows() == [("lit/lightning_logs/version_0", "failed", 20), ("sweep", "healthy", None)]
+    assert ingest_paths(store, tmp_path / "runs").problems[0][1].kind == "label_unknown_run"  # said again
+    assert store.query("SELECT count(*) FROM labels WHERE source = 'manual'").rows() == [(2,)]  # kept once
+
+
 def test_a_malformed_labels_toml_names_its_line(tmp_path):
     jsonl_run(tmp_path / "runs/a")
     (tmp_path / "runs/labels.toml").write_text('[runs.a]\noutcome = "failed"\nonset = \n')
