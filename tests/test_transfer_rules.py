@@ -53,7 +53,7 @@ PINS = [
     ("non_finite_grad_norm", "divergence_nan", 128, -10, 0),  # past the GradScaler's first skips
     ("clip_saturation", "loss_spike", 82, 0, 20),
     ("memory_jump", "memory_blowup", 125, 25, 50),  # logged every 25 steps: the third point up
-    ("clip_saturation", "divergence_nan", 128, -10, 5),
+    ("clip_saturation", "divergence_nan", 128, -10, 10),  # a rise of 0.8: a few steps past the first NaN
     ("zclip", "loss_spike", 82, -5, 5),
     ("lightning_spike", "loss_spike_unrecovered", 102, 0, 0),
     ("wandb_threshold", "loss_spike_unrecovered", 102, 0, 0),

@@ -187,7 +187,7 @@ class ClipSaturation(Detector):
 
     max_norm: float = 1.0
     window: int = 20
-    rise: float = 0.6
+    rise: float = 0.8  # the smallest of the grid that no healthy run of the diverse corpus reaches
     id = "clip_saturation"
     grid = {"rise": [0.3, 0.5, 0.6, 0.8], "window": [10, 20, 50]}
 
