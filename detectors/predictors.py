@@ -13,7 +13,8 @@ Each predictor row says which (`criterion`, `plateaus_from_eval`).
 - `reduce_lr_on_plateau` (baseline): the built-in Plateau detector (patience 50).
 - `curve_fit`: fits a + b·t^-c and a + b·e^(-c·t) (least squares, the better of the two) to the
   loss so far. At 10/25/50 % of each run it forecasts the final loss (mean of the last 5 % of the
-  run; errors are mean absolute) and the plateau step (the ground-truth definition applied to
+  run; errors are relative, |forecast − final| / |final|, and the median over runs, so that a
+  run that diverged to a loss of 1e5 does not drown the others) and the plateau step (the ground-truth definition applied to
   the fitted curve; error in steps against the onset). At CHECKPOINTS points of each run it
   calls "plateau within 200 steps" when the forecast plateau step is at most 200 steps ahead,
   scored like the slope rule.
@@ -285,9 +286,10 @@ def curve_fit_scores(series: dict[str, tuple[np.ndarray, np.ndarray]], onsets: d
             h_t, h_y = steps[:n].astype(float), vals[:n]
             pred = _fit_forecast(h_t, h_y, float(steps[-1]))
             last = float(np.mean(h_y[-max(1, n // 20) :]))
-            errs[f].append(abs((pred if pred is not None else last) - actual))
-            base[f].append(abs(last - actual))
-            ema_base[f].append(abs(float(ema(h_y)[-1]) - actual))
+            scale = max(abs(actual), 1e-12)
+            errs[f].append(abs((pred if pred is not None else last) - actual) / scale)
+            base[f].append(abs(last - actual) / scale)
+            ema_base[f].append(abs(float(ema(h_y)[-1]) - actual) / scale)
             curve = fit_curve(h_t, h_y, h_t[-1])
             p, truth = (forecast_plateau(curve, h_t[-1], gap) if curve else None), onsets.get(run)
             if p is not None and truth is not None:
@@ -302,9 +304,9 @@ def curve_fit_scores(series: dict[str, tuple[np.ndarray, np.ndarray]], onsets: d
     lengths = {r: len(series[r][0]) for r in used}
     out = _score_calls("curve_fit", {r: [c for c, _ in v] for r, v in calls.items()}, onsets, used, lengths)
     for f in FRACTIONS:
-        out[f"final_loss_error_at_{f}"] = float(np.mean(errs[f])) if errs[f] else None
-        out[f"baseline_error_at_{f}"] = float(np.mean(base[f])) if base[f] else None
-        out[f"ema_error_at_{f}"] = float(np.mean(ema_base[f])) if ema_base[f] else None
+        out[f"final_loss_error_at_{f}"] = float(np.median(errs[f])) if errs[f] else None
+        out[f"baseline_error_at_{f}"] = float(np.median(base[f])) if base[f] else None
+        out[f"ema_error_at_{f}"] = float(np.median(ema_base[f])) if ema_base[f] else None
         out[f"plateau_step_error_at_{f}"] = float(np.median(plateau_errs[f])) if plateau_errs[f] else None
     return out, calls
 
