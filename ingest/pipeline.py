@@ -265,7 +265,8 @@ def _scan_checkpoints(
             changed = f"checkpoint changed after it was recorded: {why}"
             _checkpoint_problem(w, report, r, "checkpoint_changed", changed)
         _checkpoint_problem(w, report, r, "checkpoint_mismatch", mismatch)
-    w.set_checkpoints(str(folder), rows)
+    if rows != [before.get(r["path"]) for r in rows] or len(before) != len(rows):
+        w.set_checkpoints(str(folder), rows)  # else as recorded: a re-ingest of 10k runs rewrites nothing
 
 
 def _checkpoint_problem(w: StoreWriter, report, row: dict, kind: str, message: str | None) -> None:

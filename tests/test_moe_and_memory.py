@@ -104,7 +104,11 @@ def test_every_guide_and_built_in_rule_is_evaluable_on_the_samples(tmp_path):
     result = replay(store, None, None)
     assert result.skipped == {}
     assert {r.id for r in default_rules()} == set(result.evaluable)
-    assert min(len(runs) for runs in result.evaluable.values()) >= 2
+    # an eval accuracy: only the Keras sample logs one (val_accuracy)
+    assert result.evaluable["P3_eval_accuracy_stalled"] == ["keras_csvlogger_appended"]
+    assert (
+        min(len(runs) for rule, runs in result.evaluable.items() if rule != "P3_eval_accuracy_stalled") >= 2
+    )
 
 
 def test_memory_percentage_is_derived_from_reserved_and_total(tmp_path):

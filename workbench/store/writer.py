@@ -276,7 +276,10 @@ class StoreWriter:
         self._settle(table)
         self._index.pop(table, None)
         self.tables[table] = self.tables[table].filter(keep)
-        self._new[table] = [d.filter(keep) for d in self._new[table]]
+        # the staged frames as one: replacing folder after folder (checkpoints, labels) would
+        # otherwise filter every earlier folder's frame again, quadratic in folders
+        staged = self._new[table]
+        self._new[table] = [pl.concat(staged, how="vertical").filter(keep)] if staged else []
         self.add(table, rows if isinstance(rows, pl.DataFrame) else list(rows))
 
     def _upsert(self, table: str, row: dict) -> None:
