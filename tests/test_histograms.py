@@ -104,10 +104,11 @@ def test_percentiles_of_real_histograms_match_the_values(hist_store):
     # median and quartiles fall within a bucket of the sample's
     store, _ = hist_store
     rng = np.random.default_rng(0)  # the generator make_histograms.py drew from, in its order
+    stored = store.histograms("torch_run", "weights/layer_0")
     for step in range(0, 100, 10):
         values = rng.normal(0.0, 1.0 + step / 50, 2000)
         rng.standard_t(3, 500)
-        h = store.histograms("torch_run", "weights/layer_0").filter(step=step).row(0, named=True)
+        h = stored.filter(step=step).row(0, named=True)
         got = histograms.percentiles(h["left"], h["right"], h["count"], [0, 2500, 5000, 7500, 10000])
         want = np.quantile(values, [0, 0.25, 0.5, 0.75, 1])
         widths = np.diff(h["right"]).max()
@@ -174,11 +175,10 @@ def test_the_histograms_page_draws_each_runs_distribution(hist_store, monkeypatc
     assert total == pytest.approx(4 * 2000)  # every value of the 4 drawn steps, on the common bins
 
 
-def test_the_histograms_page_says_when_there_are_none(sample_store, monkeypatch):
-    at = app_pages(sample_store, monkeypatch)("histograms")
+def test_the_histograms_page_says_when_there_are_none(tmp_path, monkeypatch):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 0, "loss": 1.0}\n{"step": 1, "loss": 0.9}\n')
+    store = Store(tmp_path / "store")
+    ingest_paths(store, tmp_path / "run")
+    at = app_pages(store, monkeypatch)("histograms")
     assert "No histogram summaries in this store" in at.info[0].value
-
-
-@pytest.fixture(scope="module")
-def sample_store(replayed_sample_runs):
-    return replayed_sample_runs
