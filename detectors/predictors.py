@@ -14,8 +14,8 @@ Each predictor row says which (`criterion`, `plateaus_from_eval`).
 - `curve_fit`: fits a + b·t^-c and a + b·e^(-c·t) (least squares, the better of the two) to the
   loss so far. At 10/25/50 % of each run it forecasts the final loss (mean of the last 5 % of the
   run; errors are relative, |forecast − final| / |final|, and the median over runs, so that a
-  run that diverged to a loss of 1e5 does not drown the others) and the plateau step (the ground-truth definition applied to
-  the fitted curve; error in steps against the onset). At CHECKPOINTS points of each run it
+  run that diverged to a loss of 1e5 does not drown the others) and the plateau step (the
+  ground-truth definition applied to the fitted curve; error in steps against the onset). At CHECKPOINTS points of each run it
   calls "plateau within 200 steps" when the forecast plateau step is at most 200 steps ahead,
   scored like the slope rule.
 - naive baselines: `always` calls "plateau within 200 steps" at each of the CHECKPOINTS points

@@ -2,14 +2,16 @@
 
 Scalars in all four encodings (simple_value; a one-element `scalars` tensor with float_val,
 double_val or tensor_content), decoded in bulk by `ingest.tfevents`. Text summaries become
-`text` events (`in_job_alert` under a tag `ALERT/...`: a training job's own alert), hparams become the run's config, SessionLog START/CHECKPOINT become `resume` /
-`checkpoint` events. Histograms (a legacy HistogramProto as torch, tensorboardX and TF1 write
-them, or TF2's `histograms`-plugin tensor of [left, right, count] rows) become `histogram` events
-(the `histograms` view), in TensorBoard's own bucket form: the legacy proto's bucket i spans
+`text` events (`in_job_alert` under a tag `ALERT/...`: a training job's own alert), hparams
+become the run's config, SessionLog START/CHECKPOINT become `resume` / `checkpoint` events.
+Histograms (a legacy HistogramProto as torch, tensorboardX and TF1 write them, or TF2's
+`histograms`-plugin tensor of [left, right, count] rows) become `histogram` events (the
+`histograms` view), in TensorBoard's own bucket form: the legacy proto's bucket i spans
 (limit[i-1], limit[i]]; its empty outer buckets are dropped and the first and last kept start
-at `min` and end at `max` (its outer limits may be ±DBL_MAX), as TensorBoard's dashboards read it. Images and audio are counted, not stored. DeepSpeed's
-TensorBoard monitor logs `Train/Samples/*` against samples: those tags are put on optimizer
-steps with the run's train_batch_size (see `ingest.ds_config`).
+at `min` and end at `max` (its outer limits may be ±DBL_MAX), as TensorBoard's dashboards read
+it. Images and audio are counted, not stored. DeepSpeed's TensorBoard monitor logs
+`Train/Samples/*` against samples: those tags are put on optimizer steps with the run's
+train_batch_size (see `ingest.ds_config`).
 
 Damage is salvaged: a record whose data CRC fails is skipped by its length, a broken length
 field is resynchronised on the next whole valid record, and so is a length running past the end

@@ -70,7 +70,8 @@ class PatternP3(Detector):
 class PatternP3Accuracy(PatternP3):
     """The guides' P3 on an eval accuracy or F1 (`eval_accuracy`: HF's eval_accuracy, Keras'
     val_accuracy, Lightning's val_acc) where a run logs one: train loss falling while it moves
-    < 0.001 for 10 evals. Runs without one are listed as not evaluable."""
+    < 0.001 for 10 evals. Runs without one are listed as not evaluable (the rule as skipped,
+    with why, when no run has one)."""
 
     eval_metric: str = "eval_accuracy"
     id = "P3_eval_accuracy_stalled"

@@ -200,8 +200,7 @@ def chunk_rows(
         schema={"chunk_id": pl.Int64, "step": pl.Int64, "kind": pl.String, "attrs": pl.String}
     )
     if evs:
-        events = pl.read_parquet(evs, columns=["chunk_id", "step", "kind", "attrs"]).filter(
-            pl.col("kind")
-            != "histogram"  # histograms are no rule's input (the `events` view leaves them out too)
-        )
+        # histograms are no rule's input (the `events` view leaves them out too)
+        events = pl.read_parquet(evs, columns=["chunk_id", "step", "kind", "attrs"])
+        events = events.filter(pl.col("kind") != "histogram")
     return listing, points, events
