@@ -155,6 +155,8 @@ def test_runs_and_tags_commands(tbx_store):
     ]
     missing = wb("tags", "nope", store=tbx_store, check=False)
     assert missing.returncode == 2 and "workbench runs" in missing.stderr
+    missing = wb("tags", "nope", "--format", "json", store=tbx_store, check=False)
+    assert missing.returncode == 2 and "workbench runs" in missing.stderr and not missing.stdout
 
 
 @pytest.mark.parametrize(
