@@ -307,16 +307,11 @@ def _check_labels(w: StoreWriter, path: Path, labels: list[dict], report: Ingest
     steps = {r: (lo, hi) for r, lo, hi in ranges.iter_rows()}
     runs = set(w.table("files")["run_id"].drop_nulls().to_list()) | set(steps)
     problems = []
-    inside = {
-        label["run_id"]: sorted(r for r in runs if r.startswith(label["run_id"] + "/")) for label in labels
-    }
-    if any(label["run_id"] not in runs and len(inside[label["run_id"]]) == 1 for label in labels):
-        labels = [
-            {**label, "run_id": inside[label["run_id"]][0]}
-            if label["run_id"] not in runs and len(inside[label["run_id"]]) == 1
-            else label
-            for label in labels
-        ]
+    # the runs under each label that names no run (few: the runs are scanned once per such label)
+    missing = {label["run_id"] for label in labels} - runs
+    inside = {m: sorted(r for r in runs if r.startswith(m + "/")) for m in missing}
+    if one := {m: under[0] for m, under in inside.items() if len(under) == 1}:
+        labels = [{**label, "run_id": one.get(label["run_id"], label["run_id"])} for label in labels]
         w.set_labels(str(path.absolute()), labels)
     for label in labels:
         run, onset = label["run_id"], label["onset"]

@@ -15,7 +15,7 @@ from detectors.builtins.base import (
     quiet_after_restarts,
     series_or_fail,
 )
-from detectors.builtins.loss import robust_frame
+from detectors.builtins.loss import RobustLossSpike
 from detectors.language import Name
 from detectors.series import ReplayError, group_starts
 from workbench.jit import njit
@@ -200,7 +200,7 @@ class ClipSaturation(Detector):
 
 
 @dataclass(frozen=True)
-class RobustGradSpike(Detector):
+class RobustGradSpike(RobustLossSpike):
     """The gradient norm far above its own recent level: robust z ((g − median) / (1.4826·MAD)
     of its previous `window` finite values) > `z`, for `for_steps` points. Scale-free (the
     model's width and depth, the optimizer and the loss scale set the norm's level, not its
@@ -214,15 +214,8 @@ class RobustGradSpike(Detector):
     metric: str = "grad_norm"
     window: int = 10
     z: float = 12.0
-    floor: float = 0.01
-    restart_hold: int = RESTART_HOLD
-    for_steps: int = 2
-    cooldown: int = 20
     id = "grad_robust_spike"
     grid = {"z": [6.0, 8.0, 12.0, 20.0], "for_steps": [1, 2, 3]}
-
-    def conditions(self, data):
-        return robust_frame(data, self.metric, self.window, self.floor, self.z, self.restart_hold, self.id)
 
 
 @njit(cache=True, nogil=True)

@@ -564,7 +564,7 @@ def histogram_tags(gen: str) -> pl.DataFrame:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def histograms(gen: str, run_id: str, tag: str) -> pl.DataFrame:
-    """A run's histograms of one tag, one row per step (the last logged where a step repeats:
+    """A run's histograms of one tag, one row per step, by step (the last logged where a step repeats:
     a resumed writer's)."""
     df = read(gen, reads.histograms([run_id], tag))
     return df.unique("step", keep="last", maintain_order=True)
@@ -678,6 +678,15 @@ def replay_alerts(rules_text: str | None, runs_glob: str | None) -> str:
     except WorkbenchError as e:
         return f"error: {e}"
     return f"{result.alerts.height} alerts from {len(result.evaluable)} rules over {len(result.runs)} runs stored"
+
+
+def generation_or_stop() -> str:
+    """The store's current generation; without a store, says how to make one and ends the page."""
+    gen = generation()
+    if gen is None:
+        st.info(no_store_message())
+        st.stop()
+    return gen
 
 
 def no_store_message() -> str:

@@ -383,13 +383,11 @@ def chart_events(run_ids: list[str]) -> Query:
     )
 
 
-def histogram_tags(run_ids: Sequence[str] | None = None) -> Query:
+def histogram_tags() -> Query:
     """Per run and histogram tag: how many histograms and their step range."""
-    where = " WHERE list_contains(?::VARCHAR[], run_id)" if run_ids is not None else ""
     return Query(
         "SELECT run_id, tag, count(*) AS histograms, min(step) AS first_step, max(step) AS last_step "
-        f"FROM histograms{where} GROUP BY run_id, tag ORDER BY run_id, tag",
-        [list(run_ids)] if run_ids is not None else [],
+        "FROM histograms GROUP BY run_id, tag ORDER BY run_id, tag"
     )
 
 

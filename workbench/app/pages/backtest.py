@@ -11,10 +11,7 @@ from workbench.app.untrusted import md
 from workbench.store.aliases import glob_regex
 
 st.title("Alerts & backtest")
-gen = data.generation()
-if gen is None:
-    st.info(data.no_store_message())
-    st.stop()
+gen = data.generation_or_stop()
 
 labels = data.runs(gen)
 n_labelled = labels.filter(pl.col("label").is_in(["failed", "healthy"])).height
@@ -51,8 +48,7 @@ if b1.button("Run backtest", type="primary", key="bt_run") or "bt_args" not in s
 if b2.button("Replay and store the alerts (shown on the curves)", key="bt_replay"):
     st.session_state["bt_replay_msg"] = data.replay_alerts(rules_text, runs_glob)
     st.cache_data.clear()
-    gen = data.generation()
-    assert gen is not None  # the store was there above and the replay only adds a generation
+    gen = data.generation_or_stop()  # the replay's new generation
 saved = b3.file_uploader(
     "or open saved results (backtest.json)",
     type="json",

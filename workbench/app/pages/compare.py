@@ -14,11 +14,7 @@ SIDE_BY_SIDE_MAX = 6  # more runs: their alerts in one table with a run column
 POINTS_PER_CHART = 20_000  # what a sweep's lines share on one chart (as on Curves)
 
 st.title("Compare runs")
-current = data.generation()
-if current is None:
-    st.info(data.no_store_message())
-    st.stop()
-gen: str = current
+gen = data.generation_or_stop()
 
 all_runs = list(data.run_starts(gen))
 PARAMS = [

@@ -19,11 +19,7 @@ MIN_BUCKETS = 8
 ALERTS_MAX_RUNS = 20  # above this many runs, alerts start hidden (their count is shown)
 
 st.title("Curves")
-current = data.generation()
-if current is None:
-    st.info(data.no_store_message())
-    st.stop()
-gen: str = current  # the functions below read it as a str (st.stop() ended the page otherwise)
+gen = data.generation_or_stop()
 
 all_runs = list(data.run_starts(gen))
 PARAMS = [

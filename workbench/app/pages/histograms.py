@@ -13,11 +13,7 @@ MAX_RUNS = 8  # two charts per run, one row each
 BINS = 30  # the common bins every step of a chart is put on (as TensorBoard's Histograms view)
 
 st.title("Histograms")
-current = data.generation()
-if current is None:
-    st.info(data.no_store_message())
-    st.stop()
-gen: str = current
+gen = data.generation_or_stop()
 
 have = data.histogram_tags(gen)
 if have.is_empty():
@@ -63,8 +59,7 @@ for run_id in sel:
     steps = df["step"].to_numpy()
     lefts, rights, counts = (df[c].to_list() for c in ("left", "right", "count"))
     p_steps, pct = histograms.distribution(steps, lefts, rights, counts)
-    pick = histograms.sample_steps(p_steps, int(most))
-    order = np.argsort(steps, kind="stable")[pick]
+    order = histograms.sample_steps(steps, int(most))  # the rows come by step (data.histograms)
     finite_lo = [
         min((x for x, c in zip(lefts[j], counts[j], strict=True) if c > 0), default=np.nan) for j in order
     ]
@@ -80,7 +75,7 @@ for run_id in sel:
     colour = charts.colour_of(run_id)
     st.caption(
         f"**{md(run_id)}** · {len(steps)} histograms, steps {int(p_steps[0])}–{int(p_steps[-1])}"
-        + (f" ({len(pick)} drawn)" if len(pick) < len(steps) else "")
+        + (f" ({len(order)} drawn)" if len(order) < len(steps) else "")
     )
     left, right = st.columns(2)
     left.plotly_chart(

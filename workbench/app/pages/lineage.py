@@ -8,10 +8,7 @@ from workbench.app import charts, data, state
 from workbench.app.untrusted import md
 
 st.title("Lineage")
-gen = data.generation()
-if gen is None:
-    st.info(data.no_store_message())
-    st.stop()
+gen = data.generation_or_stop()
 edges = data.lineage(gen)
 runs = data.runs(gen)
 if edges.is_empty():

@@ -8,10 +8,7 @@ from workbench.app import PAGE, charts, data, state, untrusted
 from workbench.app.untrusted import md
 
 st.title("Runs")
-gen = data.generation()
-if gen is None:
-    st.info(data.no_store_message())
-    st.stop()
+gen = data.generation_or_stop()
 
 runs = data.runs(gen)
 statuses = sorted(runs["status"].drop_nulls().unique().to_list())
