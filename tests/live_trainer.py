@@ -5,10 +5,11 @@ flushed every step so a watch sees the run grow. Checkpoints every 25 steps; at 
 hparams session-end record (TensorBoard's end-of-run marker).
 
     python tests/live_trainer.py RUN_DIR [--steps 160] [--seed 0] [--diverge-at STEP]
-        [--kill-at STEP] [--resume-from STEP] [--step-delay 0.02]
+        [--kill-at STEP] [--resume-from STEP] [--step-delay 0.02] [--nan-step-delay S]
 
 --diverge-at: from that step the learning rate grows 60 % a step and clipping is off, until the
-loss is NaN; a watchdog stops the job --nan-patience (5) steps later. --kill-at: the process half-writes that
+loss is NaN; a watchdog stops the job --nan-patience (5) steps later, each taking
+--nan-step-delay (default: --step-delay) seconds. --kill-at: the process half-writes that
 step's JSONL line and SIGKILLs itself (no flush, no end marker). --resume-from: load that
 step's checkpoint and continue with a new writer (a new event file, `resume.stdout.log`), the
 JSONL appended, as a job restarted after a kill does.
@@ -42,6 +43,7 @@ def main() -> None:
     ap.add_argument("--resume-from", type=int, default=None)
     ap.add_argument("--step-delay", type=float, default=0.02)
     ap.add_argument("--nan-patience", type=int, default=5)
+    ap.add_argument("--nan-step-delay", type=float, default=None)
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(a.seed)
@@ -113,7 +115,7 @@ def main() -> None:
         if nan_since is not None and step >= nan_since + a.nan_patience:
             console.write(f"watchdog: loss is NaN since step {nan_since}; stopping\n")
             break
-        time.sleep(a.step_delay)
+        time.sleep(a.step_delay if nan_since is None or a.nan_step_delay is None else a.nan_step_delay)
     tb.add_hparams({"seed": a.seed}, {"hparam/final_loss": loss if math.isfinite(loss) else -1.0})
     tb.close()
     jsonl.close()
