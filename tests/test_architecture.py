@@ -214,3 +214,26 @@ def test_view_names_list_every_view_the_store_creates(tmp_path):
     assert made == views.VIEW_NAMES
     assert views.reads_no_view("SELECT 1") and views.reads_no_view("select * from read_csv('x.csv')")
     assert not views.reads_no_view("SELECT count(*) FROM Scalars")
+    # a name inside a string literal or a comment names no view; a quoted name does
+    assert views.reads_no_view("SELECT 'runs' FROM read_parquet('/s/scalars/a.parquet') -- labels, it's")
+    assert not views.reads_no_view('SELECT * FROM "Runs"')
+
+
+def test_a_one_shot_query_makes_only_the_views_it_reads(tmp_path):
+    """The parts' paths hold `scalars` (and a store's path may hold `runs`): a query of `runs`
+    makes the views under it, none of the point views, and the shared metadata ones as tables."""
+    from conftest import DATA, ingest_paths
+
+    from workbench.store import Store
+
+    store = Store(tmp_path / "runs" / "store")
+    ingest_paths(store, DATA / "generated" / "tbx_run")
+    con = store.connect("SELECT run_id, status FROM runs")
+    made = dict(con.execute("SELECT view_name, 'view' FROM duckdb_views() WHERE NOT internal").fetchall())
+    made |= dict(con.execute("SELECT table_name, 'table' FROM duckdb_tables()").fetchall())
+    assert made["runs"] == "view" and made["_file_order"] == made["_tag_metric"] == "table"
+    assert {"scalars", "scalars_all", "_points", "_cutoffs", "histograms"}.isdisjoint(made)
+    # the same answer as a connection with every view (its status chain stays views)
+    one_shot = con.execute("SELECT * EXCLUDE (ingested_at) FROM runs").fetchall()
+    assert one_shot == store.connect().execute("SELECT * EXCLUDE (ingested_at) FROM runs").fetchall()
+    assert [r[:2] for r in one_shot] == [("run_a", "completed")]

@@ -22,7 +22,7 @@ import workbench.store.layout as layout
 import workbench.store.schema as schema
 from workbench.errors import StoreError
 from workbench.store.sql import duckdb_config
-from workbench.store.views import table_view, view_statements
+from workbench.store.views import TABLED_BEFORE_DERIVED, table_view, tabled, view_statements
 
 # a table computed from a generation before it is published (lineage, source agreement), given
 # the views of the new generation, the table's rows in the previous one and the runs whose
@@ -104,7 +104,7 @@ def _derive(
             if table in derive:
                 try:
                     if not made:
-                        for stmt in view_statements(root, gen, con):
+                        for stmt in tabled(view_statements(root, gen, con), TABLED_BEFORE_DERIVED):
                             con.execute(stmt)
                         made = True
                     frame = _derived(con, table, derive[table], previous, changed)
@@ -153,8 +153,10 @@ def write_catalog(root: Path, gen: Path) -> None:
     try:
         con = duckdb.connect(str(tmp), config=duckdb_config())
         try:
-            for stmt in view_statements(root, gen):
+            con.execute("BEGIN")  # one commit to the file, not one per view
+            for stmt in tabled(view_statements(root, gen)):
                 con.execute(stmt)
+            con.execute("COMMIT")
         finally:
             con.close()
         os.replace(tmp, root / "catalog.duckdb")

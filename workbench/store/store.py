@@ -116,7 +116,11 @@ class Store:
                 con.close()
                 raise StoreError(integrity.damage_message(self.root, damage))
             stmts = views.view_statements(self.root, gen, con, parts)
-            for stmt in stmts if query is None else views.needed(stmts, query):
+            if query is None:
+                stmts = views.tabled(stmts)
+            else:
+                stmts = views.tabled(views.needed(stmts, query), views.TABLED_ONE_SHOT)
+            for stmt in stmts:
                 con.execute(stmt)
         except (duckdb.Error, OSError) as e:
             con.close()

@@ -111,27 +111,37 @@ def _scalar_parts_sql(parts: list[dict]) -> str:
 NONFINITE_LISTED = 10_000  # chunks with NaN/Inf points named in the views' SQL, at most
 
 
-def _nonfinite_filters(con: duckdb.DuckDBPyConnection, gen: Path, have: set[str] | None) -> tuple[str, str]:
-    """Conditions on `p.chunk_id` for the parts rows run status reads: the chunks holding a
-    NaN/Inf point, and those written before chunk_tags counted them (read whole). Named by id
-    from this generation's chunk_tags, so DuckDB reads no row group of other chunks (and no part
-    at all when no chunk holds one)."""
+def _nonfinite_sources(
+    con: duckdb.DuckDBPyConnection, gen: Path, have: set[str] | None, parts: list[dict]
+) -> tuple[str, str]:
+    """SQL for the part rows run status reads: those of the chunks holding a NaN/Inf point, and
+    of those written before chunk_tags counted them (read whole). Chunks named by id from this
+    generation's chunk_tags and read from the files that hold them, so DuckDB opens no other
+    part (and none at all when no chunk holds such a point)."""
+    none = "SELECT * FROM _parts WHERE false"
     if have is None:
-        return "false", "false"
+        return none, none
     if "nonfinite" not in have:
-        return "true", "true"  # a store from before the counts: every chunk is read
+        return "SELECT * FROM _parts", "SELECT * FROM _parts"  # a store from before the counts
     path = glob_literal(str(gen / "chunk_tags.parquet"))
     pairs = con.execute(f"SELECT chunk_id, nonfinite FROM read_parquet({path})").fetchall()
     out = []
     for want in (lambda n: n is None or n > 0, lambda n: n is None):
-        listed = sorted({i for i, n in pairs if want(n)})
-        if not listed:
-            out.append("false")
+        listed = {i for i, n in pairs if want(n)}
+        files = list(
+            dict.fromkeys(r["file"] for r in parts if r["kind"] == "scalars" and r["chunk_id"] in listed)
+        )
+        if not files:
+            out.append(none)
         elif len(listed) > NONFINITE_LISTED:
             cond = "nonfinite IS NULL OR nonfinite > 0" if len(out) == 0 else "nonfinite IS NULL"
-            out.append(f"p.chunk_id IN (SELECT chunk_id FROM _chunk_tags WHERE {cond})")
+            out.append(
+                f"SELECT * FROM _parts WHERE chunk_id IN (SELECT chunk_id FROM _chunk_tags WHERE {cond})"
+            )
         else:
-            out.append(f"p.chunk_id IN ({', '.join(map(str, listed))})")
+            names = ", ".join(glob_literal(f) for f in files)
+            ids = ", ".join(map(str, sorted(listed)))
+            out.append(f"SELECT * FROM read_parquet([{names}]) WHERE chunk_id IN ({ids})")
     return out[0], out[1]
 
 
@@ -148,14 +158,16 @@ def view_statements(
         f"CREATE OR REPLACE VIEW _{t} AS {_meta_sql(gen, t, sch, cols.get(t))}"
         for t, sch in {**schema.META_TABLES, **schema.DERIVED_TABLES}.items()
     ]
-    part_sql = _scalar_parts_sql(parts if parts is not None else listed_parts(con, root, gen, cols))
+    if parts is None:
+        parts = listed_parts(con, root, gen, cols)
+    part_sql = _scalar_parts_sql(parts)
     event_sql = _parts_sql(
         root / "events",
         "*/e*.parquet",
         {c: t for c, t in schema.EVENT_PART.items() if c != "chunk_id"},
         "SELECT e.* EXCLUDE (chunk_id) FROM {src} e SEMI JOIN _chunks c ON c.chunk_id = e.chunk_id",
     )
-    nonfinite, uncounted = _nonfinite_filters(con, gen, cols.get("chunk_tags"))
+    nonfinite, uncounted = _nonfinite_sources(con, gen, cols.get("chunk_tags"), parts)
     user = aliases.load_user_aliases(root, Path.cwd())
     metric_rows = (  # each tag once through the patterns
         f"SELECT tag, {aliases.metric_case_sql('tag', user)} AS metric FROM (SELECT DISTINCT tag FROM _chunk_tags)"
@@ -285,14 +297,14 @@ def view_statements(
         # the chunks that hold such points are read)
         f"""CREATE OR REPLACE VIEW _nonfinite_tails AS
            WITH old AS (SELECT p.chunk_id, p.tag, max(p.step) FILTER (WHERE isfinite(p.value)) AS finite_step
-                        FROM _parts p WHERE {uncounted} AND NOT p.local_superseded GROUP BY ALL),
+                        FROM ({uncounted}) p WHERE NOT p.local_superseded GROUP BY ALL),
                 last_finite AS (SELECT c.run_id, m.metric, max(coalesce(ct.finite_step, old.finite_step)) AS step
                                 FROM _chunk_tags ct JOIN _chunks c USING (chunk_id)
                                 JOIN _tag_metric m ON m.tag = ct.tag
                                 LEFT JOIN old ON old.chunk_id = ct.chunk_id AND old.tag = ct.tag
                                 WHERE m.metric IS NOT NULL GROUP BY ALL),
-                pts AS (SELECT p.run_id, m.metric, p.step, p.value FROM _parts p JOIN _tag_metric m USING (tag)
-                        WHERE {nonfinite} AND m.metric IS NOT NULL AND NOT p.local_superseded AND NOT isfinite(p.value))
+                pts AS (SELECT p.run_id, m.metric, p.step, p.value FROM ({nonfinite}) p JOIN _tag_metric m USING (tag)
+                        WHERE m.metric IS NOT NULL AND NOT p.local_superseded AND NOT isfinite(p.value))
            SELECT pts.run_id, pts.metric, min(pts.step) AS from_step, count(DISTINCT pts.step) AS n,
                   CASE WHEN isnan(arg_min(pts.value, pts.step)) THEN 'NaN'
                        WHEN arg_min(pts.value, pts.step) > 0 THEN 'Inf' ELSE '-Inf' END AS value
@@ -303,8 +315,8 @@ def view_statements(
         # manual labels win (the CLI over labels.toml); evidence gives auto labels to the rest
         f"""CREATE OR REPLACE VIEW _auto_labels AS
            WITH nf AS (SELECT run_id, min(onset) AS onset FROM (
-                           SELECT p.run_id, min(p.step) AS onset FROM _parts p JOIN _tag_metric m USING (tag)
-                           WHERE {nonfinite} AND m.metric = 'loss' AND NOT isfinite(p.value) GROUP BY p.run_id
+                           SELECT p.run_id, min(p.step) AS onset FROM ({nonfinite}) p JOIN _tag_metric m USING (tag)
+                           WHERE m.metric = 'loss' AND NOT isfinite(p.value) GROUP BY p.run_id
                            UNION ALL SELECT run_id, min(from_step) FROM _nonfinite_tails GROUP BY run_id)
                        GROUP BY run_id),
                 ev AS (SELECT run_id, failure AS kind, min(step) AS onset FROM _evidence
@@ -349,10 +361,13 @@ def view_statements(
         "CREATE OR REPLACE VIEW lineage AS SELECT * FROM _lineage",
         # a run whose continuation (another run) ended healthy was recovered; its label stays
         """CREATE OR REPLACE VIEW runs AS
-           WITH cont AS (
+           -- each read once: a view is bound again at each mention, and these two are deep
+           WITH base AS MATERIALIZED (SELECT * FROM _runs_base),
+           lb AS MATERIALIZED (SELECT run_id, outcome FROM labels),
+           cont AS (
                SELECT l.parent_run AS run_id, string_agg(DISTINCT l.child_run, ', ') AS recovered_by
-               FROM _lineage l LEFT JOIN labels lb ON lb.run_id = l.child_run
-               LEFT JOIN _runs_base rb ON rb.run_id = l.child_run
+               FROM _lineage l LEFT JOIN lb ON lb.run_id = l.child_run
+               LEFT JOIN base rb ON rb.run_id = l.child_run
                WHERE l.child_run <> l.parent_run AND (lb.outcome = 'healthy' OR rb.status = 'completed')
                GROUP BY 1)
            , agreement AS (
@@ -368,13 +383,21 @@ def view_statements(
                            THEN 'continued by ' || cont.recovered_by || ', which ended healthy; ' || rb.evidence
                            ELSE rb.evidence END AS evidence),
                   cont.recovered_by, agreement.consistency
-           FROM _runs_base rb LEFT JOIN cont USING (run_id) LEFT JOIN agreement USING (run_id)""",
+           FROM base rb LEFT JOIN cont USING (run_id) LEFT JOIN agreement USING (run_id)""",
     ]
     return stmts
 
 
 _VIEW_NAME = re.compile(r"CREATE OR REPLACE VIEW (\w+) AS")
-_WORD = re.compile(r"\w+")
+# scanned left to right: a string literal, a comment, a quoted name, a word
+_TOKEN = re.compile(r"""'(?:[^']|'')*'|--[^\n]*|"((?:[^"]|"")*)"|(\w+)""")
+
+
+def _words(sql: str) -> list[str]:
+    """The names in `sql` (words and quoted names, lowercased) outside its string literals and
+    comments: a part's path holds `scalars` and a store's path may hold `runs`, naming no view."""
+    return [(quoted or word).lower() for quoted, word in _TOKEN.findall(sql) if quoted or word]
+
 
 # every view `view_statements` creates (tests/test_architecture.py keeps it whole): a query that
 # names none of them (`SELECT 1`, a query of a Parquet file) opens nothing of the store
@@ -388,9 +411,32 @@ VIEW_NAMES = frozenset(
 )
 
 
+# views over the generation's small tables (rows per tag, file, or chunk and tag) that many
+# others read, made tables on a reading connection: a query binds a view's whole plan at each
+# mention, and binding those nested plans again and again was most of a one-shot read
+# (`workbench runs`). Those in TABLED_BEFORE_DERIVED read no derived table, so a commit can make
+# them tables before its derived tables are written.
+TABLED_BEFORE_DERIVED = frozenset({"_tag_metric", "_file_order", "_cutoffs", "_multi_source"})
+TABLED = TABLED_BEFORE_DERIVED | {"_agreeing", "_ranked_tags"}
+# and for a one-shot query, the chain under `runs` and `labels` as well (computed at once; they
+# read the clock, so a connection that lives on keeps them views)
+TABLED_ONE_SHOT = TABLED | {"_nonfinite_tails", "_run_status", "_auto_labels", "labels", "_runs_base"}
+
+
+def tabled(stmts: list[str], names: frozenset[str] = TABLED) -> list[str]:
+    """`stmts` with the views named in `names` made tables, computed once when created (tables
+    of the connection's own database: its cursors see them, as they see its views)."""
+    out = []
+    for s in stmts:
+        m = _VIEW_NAME.match(s)
+        assert m is not None, s  # every statement creates a view
+        out.append(f"CREATE OR REPLACE TABLE {m[1]} AS{s[m.end() :]}" if m[1] in names else s)
+    return out
+
+
 def reads_no_view(query: str) -> bool:
     """Whether `query` names no view (so it needs none of the store's tables)."""
-    return VIEW_NAMES.isdisjoint(_WORD.findall(query.lower()))
+    return VIEW_NAMES.isdisjoint(_words(query))
 
 
 def needed(stmts: list[str], query: str) -> list[str]:
@@ -400,14 +446,14 @@ def needed(stmts: list[str], query: str) -> list[str]:
     for s in stmts:
         m = _VIEW_NAME.match(s)
         assert m is not None, s  # every statement creates a view
-        by_name[m[1].lower()] = (s, s[m.end() :].lower())
-    todo = [w for w in _WORD.findall(query.lower()) if w in by_name]
+        by_name[m[1].lower()] = (s, _words(s[m.end() :]))
+    todo = [w for w in _words(query) if w in by_name]
     want = set()
     while todo:
         name = todo.pop()
         if name not in want:
             want.add(name)
-            todo += [w for w in _WORD.findall(by_name[name][1]) if w in by_name]
+            todo += [w for w in by_name[name][1] if w in by_name]
     return [s for name, (s, _) in by_name.items() if name in want]  # in order: views after what they read
 
 
