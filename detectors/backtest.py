@@ -55,7 +55,7 @@ from detectors.coverage import missing_reasons, reason_rows, too_short
 from detectors.families import Families, attributes, families, family_rows, worst
 from detectors.kinds import ensemble, kind_rows, scorecard_rows, summary_rows
 from detectors.predictors import PREDICTOR_RULES, evaluate_predictors
-from detectors.replay import RuleReplay, batches, default_rules, replay_batches, replay_on
+from detectors.replay import RuleReplay, batches, default_rules, needs_peers, replay_batches, replay_on
 from detectors.rules import Rule
 from detectors.scoring import (  # noqa: F401 (the scoring API is used from here)
     RULE_FIELDS,
@@ -212,7 +212,7 @@ def backtest(
     rules = default_rules() if rules is None else rules
     if tune:  # built-ins carry a grid of their own
         rules = [replace(r, sweep=r.detector.grid) if r.detector and not r.sweep else r for r in rules]
-    groups = batches(store, runs_glob)
+    groups = batches(store, runs_glob, whole_groups=needs_peers(rules))
     if not groups:
         raise ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")
     run_ids = sorted(r for g in groups for r in g)
@@ -388,7 +388,7 @@ class Judgement:
 def judge(store: Store, rule: Rule, runs_glob: str | None, settings: Settings) -> Judgement:
     """One rule's outcome per labelled run, judged as `backtest` judges it (the same replay,
     warm-up, coverage and `scoring.outcome`): what the app's per-run table shows."""
-    groups = batches(store, runs_glob)
+    groups = batches(store, runs_glob, whole_groups=needs_peers([rule]))
     con = store.connect()
     runs, _ = load_labels(store, sorted(r for g in groups for r in g), con)
     done = replay_labelled(store, [rule], groups, runs)

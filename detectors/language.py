@@ -343,6 +343,22 @@ def _check_window(call: Call, text: str, values: dict[str, list[float]] | None) 
             raise RuleSyntaxError(text, call.col, f"{call.fn}(): the {what} must be {rule}, got {x:g}")
 
 
+def uses_peers(node) -> bool:
+    """Whether the condition compares a run with its peers (`peer_z`)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Call):
+            if n.fn in PEER:
+                return True
+            stack += n.args
+        elif isinstance(n, Unary):
+            stack.append(n.arg)
+        elif isinstance(n, Binary):
+            stack += [n.left, n.right]
+    return False
+
+
 def names(node) -> list[Name]:
     """Every metric/tag reference in the rule, in order."""
     if isinstance(node, Name):

@@ -66,16 +66,19 @@ def prefetched(store: Store, groups: list[list[str]]) -> Iterator[SeriesData]:
             yield data
 
 
-def batches(store: Store, runs_glob: str | None, max_points: int = 4_000_000) -> list[list[str]]:
+def batches(
+    store: Store, runs_glob: str | None, max_points: int = 4_000_000, whole_groups: bool = True
+) -> list[list[str]]:
     """Runs grouped so that each batch holds at most about `max_points` points: a memory bound,
     and small enough that loading the next batch overlaps evaluating this one (a few million
-    points still evaluate at full speed). A batch holds whole peer groups (a group larger than
-    the bound is one batch), so a peer-relative rule sees every peer of a run."""
+    points still evaluate at full speed). With `whole_groups` (rules that compare a run with
+    its peers: `needs_peers`), a batch holds whole peer groups (a group larger than the bound
+    is one batch), so a peer-relative rule sees every peer of a run."""
     out: list[list[str]] = []
     cur: list[str] = []
     n = 0
     for run, points in sorted(select_runs(store, runs_glob), key=lambda rp: (peer_group(rp[0]), rp[0])):
-        if cur and n + points > max_points and peer_group(run) != peer_group(cur[-1]):
+        if cur and n + points > max_points and (not whole_groups or peer_group(run) != peer_group(cur[-1])):
             out.append(cur)
             cur, n = [], 0
         cur.append(run)
@@ -83,11 +86,16 @@ def batches(store: Store, runs_glob: str | None, max_points: int = 4_000_000) ->
     return out + ([cur] if cur else [])
 
 
-def _split(batch: list[str], size: int) -> list[list[str]]:
-    """`batch` cut into batches of about `size` runs, between peer groups only."""
+def needs_peers(rules: list[Rule]) -> bool:
+    """Whether any of the rules compares a run with its peers (then batches keep peer groups whole)."""
+    return any(r.compares_peers for r in rules)
+
+
+def _split(batch: list[str], size: int, whole_groups: bool) -> list[list[str]]:
+    """`batch` cut into batches of about `size` runs (between peer groups only, `whole_groups`)."""
     out: list[list[str]] = [[]]
     for run in batch:
-        if len(out[-1]) >= size and peer_group(run) != peer_group(out[-1][-1]):
+        if len(out[-1]) >= size and (not whole_groups or peer_group(run) != peer_group(out[-1][-1])):
             out.append([])
         out[-1].append(run)
     return out
@@ -182,7 +190,7 @@ def replay_on(
     runs = [r for g in groups for r in g]
     if len(groups) < want:  # finer batches: each still within the memory bound of `batches`
         size = max(1, math.ceil(len(runs) / want))
-        groups = [part for g in groups for part in _split(g, size)]
+        groups = [part for g in groups for part in _split(g, size, needs_peers(rules))]
     n_chunks = min(len(rules), max(1, math.ceil(want / len(groups))))
     chunk = math.ceil(len(rules) / n_chunks) if rules else 1
     chunks = [rules[i : i + chunk] for i in range(0, len(rules), chunk)]
@@ -221,7 +229,7 @@ def replay(
     """
     explicit = rules is not None
     rules = rules if rules is not None else default_rules()
-    groups = batches(store, runs_glob)
+    groups = batches(store, runs_glob, whole_groups=needs_peers(rules))
     if not groups:
         raise ReplayError(f"no runs match {runs_glob!r}; list them with: workbench runs")
     if executor is None:

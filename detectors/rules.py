@@ -99,6 +99,11 @@ class Rule:
         return language.substitute(language.parse(self.when), numbers)
 
     @property
+    def compares_peers(self) -> bool:
+        """Whether it reads a run's peers (`peer_z`), so replay keeps each peer group in one batch."""
+        return self.when is not None and language.uses_peers(language.parse(self.when))
+
+    @property
     def params_json(self) -> str:
         keep = {k: v for k, v in self.params.items()}
         for k, default in (("for_steps", 1), ("cooldown", 0), ("warmup", 0)):

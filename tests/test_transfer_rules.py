@@ -14,8 +14,9 @@ from conftest import DATA, ingest_paths
 
 from detectors.builtins import BUILTINS, ensemble_builtins
 from detectors.language import Name
-from detectors.replay import batches, default_rules, load, replay_batches
+from detectors.replay import batches, default_rules, load, needs_peers, replay_batches, select_runs
 from detectors.rules import rules_from_text
+from detectors.series import peer_group
 from workbench.store import Store
 
 DIVERSE = DATA / "diverse"
@@ -143,3 +144,28 @@ def test_median_mad_and_peer_z_on_real_series(diverse):
         r for r in LABELS if r.startswith("hf/")
     }
     assert KIND["loss_spike_unrecovered"] in peer_runs  # its loss leaves the other loop runs'
+
+
+def test_batches_keep_peer_groups_whole_only_for_rules_that_read_peers(diverse):
+    """The bound on a batch's points cuts a folder of runs (one peer group) only when no rule
+    compares a run with its peers: a plain rule finds the same alerts in small batches as in
+    one, and with peer_z each folder stays in one batch."""
+    peer, plain = rules_from_text(
+        '[[rule]]\nid = "peer"\nwhen = "peer_z(loss) > 3"\n'
+        '[[rule]]\nid = "robust"\nwhen = "loss - median(loss, 10) > 6 * 1.4826 * mad(loss, 10)"\n'
+    )
+    assert peer.compares_peers and not plain.compares_peers
+    assert needs_peers([plain, peer]) and not needs_peers([plain])
+    small = 2 * max(points for _, points in select_runs(diverse))  # two or three runs a batch
+
+    def folders_cut(groups: list[list[str]]) -> set[str]:
+        seen = [{peer_group(r) for r in g} for g in groups]
+        return {f for f in set().union(*seen) if sum(f in s for s in seen) > 1}
+
+    whole = batches(diverse, None, small, whole_groups=True)
+    cut = batches(diverse, None, small, whole_groups=False)
+    assert folders_cut(whole) == set() and "loop" in folders_cut(cut)
+    assert sorted(r for g in cut for r in g) == sorted(r for g in whole for r in g)
+    one = replay_batches(diverse, [plain], batches(diverse, None))[0].alerts.sort("run_id", "step_start")
+    assert one.height > 0
+    assert replay_batches(diverse, [plain], cut)[0].alerts.sort("run_id", "step_start").equals(one)

@@ -118,14 +118,16 @@ def glob_regex(glob: str) -> str:
     return "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob)
 
 
-def metric_case_sql(column: str, user: dict[str, list[str]] | None = None) -> str:
-    """A SQL CASE expression mapping a tag column to its canonical metric (NULL if none)."""
+def metric_case_sql(column: str, user: dict[str, list[str]] | None = None, words: str | None = None) -> str:
+    """A SQL CASE expression mapping a tag column to its canonical metric (NULL if none);
+    `words`: a column holding `normalized_sql(column)` already (worked out once per tag, not
+    once per pattern)."""
     arms = []
     for metric, globs in (user or {}).items():
         for g in globs:
             regex = glob_regex(g)
             arms.append(f"WHEN regexp_full_match({column}, {literal(regex)}) THEN {literal(metric)}")
-    words = normalized_sql(column)
+    words = words or normalized_sql(column)
     for metric, regex in BUILTIN:
         arms.append(f"WHEN regexp_full_match({words}, {literal(regex)}) THEN {literal(metric)}")
     return "CASE " + " ".join(arms) + " ELSE NULL END"

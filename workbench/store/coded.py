@@ -141,7 +141,10 @@ def load(con: duckdb.DuckDBPyConnection, runs: list[str]) -> tuple[Coded, pl.Dat
     ).to_arrow_table()
     chunk_ids = np.array([c for c, _ in chunks], np.int64)
     chunk_run = np.array([r for _, r in chunks], np.int32)
-    d_rid = chunk_run[np.searchsorted(chunk_ids, parts["chunk_id"].to_numpy())]
+    # a chunk's rows come together: look up each stretch's run, not each row's
+    cid = parts["chunk_id"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]]) if len(cid) else np.zeros(0, np.int64)
+    d_rid = np.repeat(chunk_run[np.searchsorted(chunk_ids, cid[starts])], np.diff(np.r_[starts, len(cid)]))
     d_tid, d_step, d_value = _codes(parts["tag"], tags), parts["step"].to_numpy(), parts["value"].to_numpy()
     groups = con.execute(AGREEING_TAGS, [direct]).fetchall()
     if groups:

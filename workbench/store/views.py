@@ -118,7 +118,7 @@ def _nonfinite_sources(
     of those written before chunk_tags counted them (read whole). Chunks named by id from this
     generation's chunk_tags and read from the files that hold them, so DuckDB opens no other
     part (and none at all when no chunk holds such a point)."""
-    none = "SELECT * FROM _parts WHERE false"
+    none = empty_select(schema.SCALAR_PART)  # binds no part (a view of the parts reads every footer)
     if have is None:
         return none, none
     if "nonfinite" not in have:
@@ -170,7 +170,8 @@ def view_statements(
     nonfinite, uncounted = _nonfinite_sources(con, gen, cols.get("chunk_tags"), parts)
     user = aliases.load_user_aliases(root, Path.cwd())
     metric_rows = (  # each tag once through the patterns
-        f"SELECT tag, {aliases.metric_case_sql('tag', user)} AS metric FROM (SELECT DISTINCT tag FROM _chunk_tags)"
+        f"SELECT tag, {aliases.metric_case_sql('tag', user, 'words')} AS metric "
+        f"FROM (SELECT tag, {aliases.normalized_sql('tag')} AS words FROM (SELECT DISTINCT tag FROM _chunk_tags))"
     )
     stmts += [
         f"CREATE OR REPLACE VIEW _parts AS {part_sql}",
