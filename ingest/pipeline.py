@@ -52,7 +52,10 @@ NOT_READ = ("not_read", "labels_error", "checkpoint_error")  # problems of thing
 # in an ingest of this many runs, or of a run of this many files, small chunks are written many
 # to a file (task.SHARED_BELOW)
 SHARED_MIN_RUNS = 64
-# below this much work, spawning processes costs more than it saves
+# below this much work, spawning processes costs more than it saves: a spawned worker imports
+# for about 1.5 s, and reading costs about 0.2 s a MB, so n workers pay off past about
+# 8 MB x n / (n - 1) (measured with benchmarks/many_runs.py on 2 cores: 500 runs, 13 MB, took
+# 3.0 s in this process and 4.4 s with 2 workers; 1,000 runs, 26 MB, 7.4 s and 5.7 s)
 PARALLEL_MIN_TASKS = 64
 PARALLEL_MIN_BYTES = 8 << 20
 
@@ -430,8 +433,9 @@ def _read_runs(
 
 def default_executor(tasks: list[RunTask], total_bytes: int, light: bool) -> Executor:
     """In this process for a handful of runs or a watch's poll; a process per core for many."""
-    many = len(tasks) >= PARALLEL_MIN_TASKS and total_bytes >= PARALLEL_MIN_BYTES
-    return LocalExecutor(os.cpu_count() if many and not light else 1)
+    cores = os.cpu_count() or 1
+    many = len(tasks) >= PARALLEL_MIN_TASKS and total_bytes >= PARALLEL_MIN_BYTES * cores / max(1, cores - 1)
+    return LocalExecutor(cores if many and not light else 1)
 
 
 def reread(w: StoreWriter, rows: list[dict], check_crc: bool = True) -> list[str]:
