@@ -124,8 +124,6 @@ def _look(path: Path, ingestors: list[Ingestor], known: Known | None = None) -> 
         what = next((w for test, w in _SPECIAL if test(st.st_mode)), "not a regular file")
         via = " (through a symlink)" if path.is_symlink() else ""
         return None, f"{what}{via}, not a regular file: not read"
-    if known and (seen := known.get(str(path))) is not None and seen[:2] == (st.st_size, st.st_mtime_ns):
-        return seen[2], None
     try:
         if why := _lfs_pointer(path, st.st_size):
             return None, why
