@@ -54,8 +54,8 @@ NOT_READ = ("not_read", "labels_error", "checkpoint_error")  # problems of thing
 SHARED_MIN_RUNS = 64
 # below this much work, spawning processes costs more than it saves: a spawned worker imports
 # for about 1.5 s, and reading costs about 0.2 s a MB, so n workers pay off past about
-# 8 MB x n / (n - 1) (measured with benchmarks/many_runs.py on 2 cores: 500 runs, 13 MB, took
-# 3.0 s in this process and 4.4 s with 2 workers; 1,000 runs, 26 MB, 7.4 s and 5.7 s)
+# 8 MB x n / (n - 1) (on 2 cores, in three alternating rounds: 500 small runs, 13 MB, took
+# 2.3-2.6 s in this process and 2.9-3.1 s with 2 workers; 1,000 runs, 26 MB, 7.4 s and 5.7 s)
 PARALLEL_MIN_TASKS = 64
 PARALLEL_MIN_BYTES = 8 << 20
 
