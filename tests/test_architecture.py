@@ -216,6 +216,8 @@ def test_view_names_list_every_view_the_store_creates(tmp_path):
     assert not views.reads_no_view("SELECT count(*) FROM Scalars")
     # a name inside a string literal or a comment names no view; a quoted name does
     assert views.reads_no_view("SELECT 'runs' FROM read_parquet('/s/scalars/a.parquet') -- labels, it's")
+    assert views.reads_no_view("/* what's in\n the runs */ SELECT 'a' FROM read_csv('x.csv')")
+    assert not views.reads_no_view("/* it's */ SELECT * FROM runs WHERE run_id = 'a'")
     assert not views.reads_no_view('SELECT * FROM "Runs"')
 
 

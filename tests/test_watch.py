@@ -210,6 +210,19 @@ def test_cli_watch_until_finished(tmp_path):
     assert alerts.rows() == [("nan", 170, "live")]
 
 
+def test_ctrl_c_while_the_watch_starts_stops_it_as_later(tmp_path, monkeypatch):
+    """Ctrl-C before the first poll (while it loads, or opens the store) ends the watch as it
+    does later: exit 0, no "Aborted!"."""
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Watch, "__init__", interrupted)
+    (tmp_path / "runs").mkdir()
+    r = cli("watch", tmp_path / "runs", store=Store(tmp_path / "store"))
+    assert r.exit_code == 0 and "Aborted" not in r.stderr + r.stdout
+
+
 def test_one_alert_per_interval_with_where_it_was_first_raised(tmp_path):
     """A watch raises alerts live; a replay of the same rule file over the finished log finds
     the same intervals and adds none; a watch after a replay adds none

@@ -337,6 +337,12 @@ def test_two_watches_and_an_ingest_killed_at_random_lose_no_alert(tmp_path, rece
         procs["ingest"].wait()
         expected = [s for s in range(step) if loss_at(s) > 10]  # counted from the log's own values
         wait_for(lambda: set(expected) <= {b["step_start"] for _, b in got}, 60, "every alert's notification")
+
+        def up(name: str) -> bool:  # following the store, or waiting to take over (not starting)
+            said = (tmp_path / f"{name}.{started[name]}.err").read_text()
+            return procs[name].pid == holder(store) or "waiting for the store's watch" in said
+
+        wait_for(lambda: up("watch_a") and up("watch_b"), 30, "both watches started")
         for name in ("watch_a", "watch_b"):
             procs[name].send_signal(signal.SIGINT)
         assert [procs[n].wait(60) for n in ("watch_a", "watch_b")] == [0, 0]

@@ -736,19 +736,24 @@ def watch(paths, rules_file, store, interval, notify_cmd, notify_url, until_fini
       workbench watch ./runs --rules my_rules.toml --notify-url http://127.0.0.1:9000/hook
       workbench sql "SELECT run_id, rule, step_fired, message FROM alerts WHERE source = 'live'"
     """
-    from detectors.replay import default_rules
-    from workbench.notify import notifiers
-    from workbench.watch import Watch
+    try:
+        from detectors.replay import default_rules
+        from workbench.notify import notifiers
+        from workbench.watch import Watch
 
-    rules = _load_rules(rules_file) or default_rules()
-    sinks = notifiers(notify_cmd, notify_url, lambda msg: err().print(f"[yellow]notify:[/] {escape(msg)}"))
-    w = Watch(
-        list(paths),
-        _store(store),
-        rules,
-        sinks,
-        stale_after=stale_after,
-        console=err(),
-        note_unevaluable=rules_file is not None,
-    )
+        rules = _load_rules(rules_file) or default_rules()
+        sinks = notifiers(
+            notify_cmd, notify_url, lambda msg: err().print(f"[yellow]notify:[/] {escape(msg)}")
+        )
+        w = Watch(
+            list(paths),
+            _store(store),
+            rules,
+            sinks,
+            stale_after=stale_after,
+            console=err(),
+            note_unevaluable=rules_file is not None,
+        )
+    except KeyboardInterrupt:  # Ctrl-C before the watch began: it stops as it would later
+        return
     w.run(interval=interval, until_finished=until_finished, wait_s=wait_s)

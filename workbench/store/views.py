@@ -391,7 +391,7 @@ def view_statements(
 
 _VIEW_NAME = re.compile(r"CREATE OR REPLACE VIEW (\w+) AS")
 # scanned left to right: a string literal, a comment, a quoted name, a word
-_TOKEN = re.compile(r"""'(?:[^']|'')*'|--[^\n]*|"((?:[^"]|"")*)"|(\w+)""")
+_TOKEN = re.compile(r"""'(?:[^']|'')*'|--[^\n]*|/\*.*?\*/|"((?:[^"]|"")*)"|(\w+)""", re.S)
 
 
 def _words(sql: str) -> list[str]:
