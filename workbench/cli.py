@@ -365,7 +365,7 @@ def tags(run, store, fmt):
 
     s = _store(store)
     answer = run_query(s, reads.tags(run), _answer(fmt))
-    empty = "".join(answer.split()) in ("[]", "") if _answer(fmt) == "json" else answer.count("\n") <= 1
+    empty = answer == "[]\n" if _answer(fmt) == "json" else answer.count("\n") <= 1
     if empty:  # no tag: is there such a run?
         require_run(s, run)  # one store read less for a run that is there
     _show_answer(answer, fmt)

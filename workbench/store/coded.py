@@ -15,6 +15,7 @@ import polars as pl
 import pyarrow as pa
 
 from workbench.store import layout, reads
+from workbench.store.points import stretch_starts
 
 
 @dataclass
@@ -143,7 +144,7 @@ def load(con: duckdb.DuckDBPyConnection, runs: list[str]) -> tuple[Coded, pl.Dat
     chunk_run = np.array([r for _, r in chunks], np.int32)
     # a chunk's rows come together: look up each stretch's run, not each row's
     cid = parts["chunk_id"].to_numpy()
-    starts = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]]) if len(cid) else np.zeros(0, np.int64)
+    starts = stretch_starts(cid)
     d_rid = np.repeat(chunk_run[np.searchsorted(chunk_ids, cid[starts])], np.diff(np.r_[starts, len(cid)]))
     d_tid, d_step, d_value = _codes(parts["tag"], tags), parts["step"].to_numpy(), parts["value"].to_numpy()
     groups = con.execute(AGREEING_TAGS, [direct]).fetchall()

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import workbench.store.layout as layout
-from workbench.store.points import Points, order_and_supersede
+from workbench.store.points import Points, order_and_supersede, stretch_starts
 
 # Min/max statistics only for the columns queries select by. Parquet leaves NaN out of a float
 # column's min/max, and DuckDB prunes row groups by them: `isnan(value)` (or `value > x`, NaN
@@ -91,7 +91,7 @@ def scalar_table(run_id: str, chunk_id: int, points: Points) -> tuple[pa.Table, 
         }
     )
     # codes are sorted, so each tag is one contiguous run
-    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    starts = stretch_starts(codes)
     finite = np.isfinite(points.value[order])
     tags = {
         "chunk_id": np.full(len(starts), chunk_id, np.int64),

@@ -128,6 +128,11 @@ def _supersede_loop(order, codes, steps):
     return sup
 
 
+def stretch_starts(a: np.ndarray) -> np.ndarray:
+    """Where each stretch of equal neighbouring values of `a` begins (a sorted column's groups)."""
+    return np.flatnonzero(np.r_[True, a[1:] != a[:-1]]) if len(a) else np.zeros(0, np.int64)
+
+
 def order_and_supersede(points: Points) -> tuple[np.ndarray, np.ndarray]:
     """(row order sorted by tag then step, local_superseded flag per original row)."""
     by_tag = np.argsort(points.tag_code, kind="stable")  # keeps logged order within a tag

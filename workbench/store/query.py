@@ -40,7 +40,7 @@ def run_query(
     finally:
         os.unlink(tmp)
         con.close()
-    if fmt == "json" and not text.strip():
+    if fmt == "json" and not text.strip("[] \t\n"):  # nothing, or DuckDB's empty array ("[", a tab, "]")
         text = "[]\n"
     return text
 

@@ -125,19 +125,20 @@ def _nonfinite_sources(
         return "SELECT * FROM _parts", "SELECT * FROM _parts"  # a store from before the counts
     path = glob_literal(str(gen / "chunk_tags.parquet"))
     pairs = con.execute(f"SELECT chunk_id, nonfinite FROM read_parquet({path})").fetchall()
-    out = []
+    out: list[str] = []
     for want in (lambda n: n is None or n > 0, lambda n: n is None):
         listed = {i for i, n in pairs if want(n)}
+        if len(listed) > NONFINITE_LISTED:
+            cond = "nonfinite IS NULL OR nonfinite > 0" if len(out) == 0 else "nonfinite IS NULL"
+            out.append(
+                f"SELECT * FROM _parts WHERE chunk_id IN (SELECT chunk_id FROM _chunk_tags WHERE {cond})"
+            )
+            continue
         files = list(
             dict.fromkeys(r["file"] for r in parts if r["kind"] == "scalars" and r["chunk_id"] in listed)
         )
         if not files:
             out.append(none)
-        elif len(listed) > NONFINITE_LISTED:
-            cond = "nonfinite IS NULL OR nonfinite > 0" if len(out) == 0 else "nonfinite IS NULL"
-            out.append(
-                f"SELECT * FROM _parts WHERE chunk_id IN (SELECT chunk_id FROM _chunk_tags WHERE {cond})"
-            )
         else:
             names = ", ".join(glob_literal(f) for f in files)
             ids = ", ".join(map(str, sorted(listed)))
