@@ -11,7 +11,8 @@ Prints scalars/s, the ratios, and peak RSS. Run by hand (minutes):
     pip install crc32c   # makes tensorboardX write faster; optional
     python benchmarks/ingest_tensorboard.py            # 5 tags x 1M steps; 200 tags x 20k steps
     python benchmarks/ingest_tensorboard.py --scale 0.1
-    python benchmarks/ingest_tensorboard.py --sizes 0.1 1 5 20   # M scalars, 5 tags: one ratio line each
+    python benchmarks/ingest_tensorboard.py --sizes 0.1 1 5 20 50   # M scalars, 5 tags: one ratio line each
+    python benchmarks/ingest_tensorboard.py --sizes 0.1 1 5 20 --tags 200   # the same, wide
 
 The sweep's files are encoded by a compiled kernel (tensorboardX takes minutes per 10 M events
 without crc32c), byte for byte as tensorboardX's EventsWriter writes them: checked on the first
@@ -265,11 +266,11 @@ def run(name: str, folder: Path, n: int) -> None:
         print(f"ratio workbench / RustBoard = {t_rb / t_wb:.2f}x")
 
 
-def sweep(sizes: list[float], tbparse_max: float, baseline: Path | None) -> None:
-    """One line per size (M scalars, 5 tags): each reader's seconds, and the workbench's speed
-    as a multiple of each peer's (> 1: the workbench is faster), with peak memory; with
+def sweep(sizes: list[float], tags: int, tbparse_max: float, baseline: Path | None) -> None:
+    """One line per size (M scalars of `tags` tags): each reader's seconds, and the workbench's
+    speed as a multiple of each peer's (> 1: the workbench is faster), with peak memory; with
     `baseline`, that checkout's ingest too, run right after RustBoard's."""
-    print(f"load: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    print(f"load: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; {tags} tags")
     print(
         f"{'scalars':>11} {'wb s':>7} {'ingest s':>8} {'RustBoard s':>11} {'tbparse s':>9}"
         f" {'x RustBoard':>11} {'x tbparse':>9} {'wb MB':>7} {'RB MB':>7}"
@@ -278,8 +279,8 @@ def sweep(sizes: list[float], tbparse_max: float, baseline: Path | None) -> None
     )
     for size in sizes:
         n = round(size * 1e6)
-        folder = OUT / f"sweep_5x{n // 5}"
-        n = write_fast(folder, 5, n // 5)
+        folder = OUT / f"sweep_{tags}x{n // tags}"
+        n = write_fast(folder, tags, n // tags)
         r = readers(folder, n, tbparse=size <= tbparse_max)
         cpu_wb, cpu_rb = r["workbench CPU"][0], r.get("RustBoard CPU", (float("nan"),))[0]
         (t_wb, rss_wb), inner = r["workbench"], r["workbench ingest"][0]
@@ -300,12 +301,13 @@ def sweep(sizes: list[float], tbparse_max: float, baseline: Path | None) -> None
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", type=float, default=1.0, help="shrink the step counts (e.g. 0.1)")
-    ap.add_argument("--sizes", type=float, nargs="+", help="sweep these sizes (M scalars, 5 tags) instead")
+    ap.add_argument("--sizes", type=float, nargs="+", help="sweep these sizes (M scalars) instead")
+    ap.add_argument("--tags", type=int, default=5, help="with --sizes: tags per file (200: a wide run)")
     ap.add_argument("--tbparse-max", type=float, default=5, help="largest size tbparse reads (M scalars)")
     ap.add_argument("--baseline", type=Path, help="with --sizes: another checkout's ingest, timed beside")
     args = ap.parse_args()
     if args.sizes:
-        sweep(args.sizes, args.tbparse_max, args.baseline and args.baseline.resolve())
+        sweep(args.sizes, args.tags, args.tbparse_max, args.baseline and args.baseline.resolve())
         return
     s = args.scale
     a = OUT / f"5x{int(1_000_000 * s)}"

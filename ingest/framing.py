@@ -10,8 +10,10 @@ payload whose length depends on the wire type (0 varint, 1 fixed64, 2 length-del
 from __future__ import annotations
 
 import numpy as np
+from numba import types
+from numba.extending import intrinsic
 
-from workbench.jit import njit
+from workbench.jit import njit, njit_without_refcounts
 
 _MASK_DELTA = np.uint32(0xA282EAD8)
 
@@ -33,7 +35,7 @@ def _crc_tables() -> np.ndarray:
 CRC_TABLES = _crc_tables()
 
 
-@njit(cache=True, nogil=True)
+@njit_without_refcounts(cache=True, nogil=True)
 def crc32c(buf, start, n, tables):
     crc = np.uint32(0xFFFFFFFF)
     i = start
@@ -62,13 +64,13 @@ def crc32c(buf, start, n, tables):
     return crc ^ np.uint32(0xFFFFFFFF)
 
 
-@njit(cache=True, nogil=True)
+@njit_without_refcounts(cache=True, nogil=True)
 def masked_crc32c(buf, start, n, tables):
     crc = crc32c(buf, start, n, tables)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & np.uint32(0xFFFFFFFF)
 
 
-@njit(cache=True, nogil=True)
+@njit_without_refcounts(cache=True, nogil=True)
 def u32(buf, p):
     return (
         np.uint32(buf[p])
@@ -78,12 +80,46 @@ def u32(buf, p):
     )
 
 
+@intrinsic
+def _float32_bits(typingctx, bits):
+    sig = types.float64(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        f32 = builder.bitcast(args[0], context.get_value_type(types.float32))
+        return builder.fpext(f32, context.get_value_type(types.float64))
+
+    return sig, codegen
+
+
+@intrinsic
+def _float64_bits(typingctx, bits):
+    sig = types.float64(types.uint64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float64))
+
+    return sig, codegen
+
+
 @njit(cache=True, nogil=True)
+def f32_of_bits(bits):
+    """The float32 whose IEEE bits are `bits`, as a float64: a register move (a scratch array's
+    `.view` made an array, with its reference counts, per value)."""
+    return _float32_bits(np.uint32(bits))  # type: ignore[call-arg]  # numba passes typingctx
+
+
+@njit(cache=True, nogil=True)
+def f64_of_bits(bits):
+    """The float64 whose IEEE bits are `bits`."""
+    return _float64_bits(np.uint64(bits))  # type: ignore[call-arg]
+
+
+@njit_without_refcounts(cache=True, nogil=True)
 def u64(buf, p):
     return np.uint64(u32(buf, p)) | (np.uint64(u32(buf, p + 4)) << np.uint64(32))
 
 
-@njit(cache=True, nogil=True)
+@njit_without_refcounts(cache=True, nogil=True)
 def header_ok(buf, p, n, tables):
     """A plausible record header at p: length CRC valid and the whole record inside the buffer."""
     if p + 12 > n:
@@ -100,7 +136,7 @@ GAP_BAD_LENGTH_CRC = 0  # the length field's CRC fails
 GAP_PAST_END = 1  # a length field with a valid CRC that runs past the end of the file
 
 
-@njit(cache=True, nogil=True)
+@njit_without_refcounts(cache=True, nogil=True)
 def _next_record(buf, p, n, tables):
     """The next position after p where a whole valid record starts, or n."""
     q = p + 1
@@ -121,13 +157,31 @@ def frame_records(buf, n, tables, limit, settled):
     bad length CRC, or after a length running past the end of the file when complete records
     follow or the file has stopped growing (else it is an unfinished write, read next time).
     """
-    cap = 1024
-    offs = np.empty(cap, np.int64)
-    lens = np.empty(cap, np.int64)
+    offs = np.empty(n // 32 + 16, np.int64)  # grown when records average under 32 bytes
+    lens = np.empty(offs.shape[0], np.int64)
     gaps = np.empty((16, 3), np.int64)
-    k = 0
-    g = 0
-    p = np.int64(0)
+    k, g, p, full = _frame_into(buf, n, tables, limit, settled, offs, lens, gaps, 0, 0, np.int64(0))
+    while full != _ROOM:
+        if full == _RECORDS_FULL:
+            more, lmore = np.empty(2 * offs.shape[0], np.int64), np.empty(2 * offs.shape[0], np.int64)
+            more[:k], lmore[:k] = offs[:k], lens[:k]
+            offs, lens = more, lmore
+        else:
+            gmore = np.empty((2 * gaps.shape[0], 3), np.int64)
+            gmore[:g] = gaps[:g]
+            gaps = gmore
+        k, g, p, full = _frame_into(buf, n, tables, limit, settled, offs, lens, gaps, k, g, p)
+    return offs[:k], lens[:k], p, gaps[:g]
+
+
+_ROOM, _RECORDS_FULL, _GAPS_FULL = 0, 1, 2
+
+
+@njit_without_refcounts(cache=True, nogil=True)
+def _frame_into(buf, n, tables, limit, settled, offs, lens, gaps, k, g, p):
+    """frame_records' walk from p, with k records and g gaps found, into arrays it is given (no
+    array made, so no reference counts taken per record). Returns (k, g, p, _ROOM when the
+    walk ended, else which array is full: grow it and walk on from p)."""
     while p + 12 <= n:
         reason = -1
         if masked_crc32c(buf, p, 8, tables) != u32(buf, p + 8):
@@ -145,31 +199,23 @@ def frame_records(buf, n, tables, limit, settled):
             if reason == GAP_PAST_END and q == n and not settled:
                 break  # maybe a writer mid-record: read it again next time
             if g == gaps.shape[0]:
-                ng = np.empty((g * 2, 3), np.int64)
-                ng[:g] = gaps[:g]
-                gaps = ng
+                return k, g, p, _GAPS_FULL
             gaps[g, 0] = p
             gaps[g, 1] = q
             gaps[g, 2] = reason
             g += 1
             p = q
             continue
-        if k == cap:
-            cap *= 2
-            no = np.empty(cap, np.int64)
-            nl = np.empty(cap, np.int64)
-            no[:k] = offs[:k]
-            nl[:k] = lens[:k]
-            offs = no
-            lens = nl
+        if k == offs.shape[0]:
+            return k, g, p, _RECORDS_FULL
         offs[k] = p
         lens[k] = np.int64(length)
         k += 1
         p += 16 + np.int64(length)
-    return offs[:k], lens[:k], p, gaps[:g]
+    return k, g, p, _ROOM
 
 
-@njit(cache=True, nogil=True)
+@njit_without_refcounts(cache=True, nogil=True)
 def varint(buf, p, end):
     """Returns (value, new_p); new_p == -1 on a malformed varint."""
     result = np.uint64(0)
@@ -186,7 +232,7 @@ def varint(buf, p, end):
     return result, -1
 
 
-@njit(cache=True, nogil=True)
+@njit_without_refcounts(cache=True, nogil=True)
 def skip_field(buf, p, end, wt):
     """Skip a field of wire type wt; returns the new position or -1."""
     if wt == 0:

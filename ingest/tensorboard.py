@@ -235,11 +235,8 @@ class TensorBoardIngestor(Ingestor):
         )
 
     def _values(self, batch, buf, base, offs, lens, wall, step, vals, fvals, plugins, prefix) -> Points:
-        hashes = vals[:, tfevents.VC_TAG_HASH]
-        _, first, group = np.unique(hashes, return_index=True, return_inverse=True)
-        rep_off = vals[first, tfevents.VC_TAG_OFF]
-        rep_len = vals[first, tfevents.VC_TAG_LEN]
-        if not tfevents.tags_equal(buf, vals, rep_off, rep_len, group):
+        group, first, first_plugin, collided = tfevents.tag_groups(buf, vals)
+        if collided:
             # a 64-bit hash collision between two tag names: group by the bytes themselves
             names_all = [
                 bytes(buf[o : o + n]) for o, n in vals[:, [tfevents.VC_TAG_OFF, tfevents.VC_TAG_LEN]]
@@ -247,38 +244,41 @@ class TensorBoardIngestor(Ingestor):
             _, first, group = np.unique(
                 np.array(names_all, dtype=object), return_index=True, return_inverse=True
             )
+            with_plugin = np.flatnonzero(vals[:, tfevents.VC_PLUGIN_OFF] >= 0)
+            g_with, first_with = np.unique(group[with_plugin], return_index=True)
+            first_plugin = np.full(len(first), -1, np.int64)
+            first_plugin[g_with] = with_plugin[first_with]
         tags = [
             prefix + _utf8(buf[o : o + n])
             for o, n in zip(vals[first, tfevents.VC_TAG_OFF], vals[first, tfevents.VC_TAG_LEN], strict=True)
         ]
         # the first metadata seen for a tag decides its plugin, for the whole run
-        with_plugin = np.flatnonzero(vals[:, tfevents.VC_PLUGIN_OFF] >= 0)
-        g_with, first_with = np.unique(group[with_plugin], return_index=True)
         tag_plugin = [plugins.get(t) for t in tags]
-        for g, k in zip(g_with, with_plugin[first_with], strict=True):
+        for g in np.flatnonzero(first_plugin >= 0):
             if tag_plugin[g] is None:
+                k = first_plugin[g]
                 o, n = vals[k, tfevents.VC_PLUGIN_OFF], vals[k, tfevents.VC_PLUGIN_LEN]
                 tag_plugin[g] = _utf8(buf[o : o + n])
                 batch.plugins[tags[g]] = tag_plugin[g]
                 plugins[tags[g]] = tag_plugin[g]
-        plugin_arr = np.array([p or "" for p in tag_plugin], dtype=object)
-        kind = vals[:, tfevents.VC_KIND]
-        is_scalar_plugin = (plugin_arr == "scalars")[group]
-        scalar = (kind == tfevents.V_SIMPLE) | ((kind == tfevents.V_TENSOR_NUM) & is_scalar_plugin)
+        plugin_class = np.array(
+            [tfevents.PLUGIN_CLASS.get(p or "", tfevents.P_OTHER) for p in tag_plugin], np.int8
+        )
+        code, s_step, s_wall, s_value, text_rows, hparams_rows, histo_rows, counts = tfevents.split_values(
+            vals, group, plugin_class, step, wall, fvals
+        )
+        points = Points(tags, code, s_step, s_wall, s_value)
+        # non-scalar values: text and hparams are decoded in full, histograms stored as events, the
+        # rest counted
         rec = vals[:, tfevents.VC_REC]
-        sel = np.flatnonzero(scalar)
-        points = Points(tags, group[sel], step[rec[sel]], wall[rec[sel]], fvals[sel])
-        # non-scalar values: text and hparams are decoded in full, the rest counted
-        is_text = (plugin_arr == "text")[group] & (kind == tfevents.V_TENSOR_STR)
-        is_hparams = (plugin_arr == "hparams")[group]
-        for k in np.flatnonzero(is_text):
+        for k in text_rows:
             i = rec[k]
             ev = _fullevent(buf, offs[i], lens[i])
             tag = tags[group[k]]
             text = _text_of(ev, tag) if ev else ""
             ev_kind = IN_JOB_ALERT if tag.startswith(ALERT_PREFIX) else "text"
             batch.events.append(event(step[i], wall[i], ev_kind, text, {"tag": tag}, base + offs[i]))
-        for i in np.unique(rec[is_hparams]):
+        for i in np.unique(rec[hparams_rows]):
             ev = _fullevent(buf, offs[i], lens[i])
             if ev is not None:
                 hp = _hparams_of(ev)
@@ -289,29 +289,16 @@ class TensorBoardIngestor(Ingestor):
                     batch.evidence.append(
                         Evidence(_END_STATUS[status], message, int(step[i]), None, float(wall[i]))
                     )
-        is_histo = (kind == tfevents.V_HISTO) | (
-            (plugin_arr == "histograms")[group] & (kind == tfevents.V_TENSOR_OTHER)
-        )
-        for k in np.flatnonzero(is_histo):
+        for k in histo_rows:
             i = rec[k]
             ev = _fullevent(buf, offs[i], lens[i])
             tag = tags[group[k]]
             histo = _histogram_of(ev, tag) if ev else None
             if histo is not None:
                 batch.events.append(event(step[i], wall[i], HISTOGRAM, tag, histo, base + offs[i]))
-        other = ~scalar & ~is_text & ~is_hparams
-        tensor = (
-            (kind == tfevents.V_TENSOR_NUM)
-            | (kind == tfevents.V_TENSOR_STR)
-            | (kind == tfevents.V_TENSOR_OTHER)
-        )
-        for name, mask in (
-            ("histograms", is_histo),  # stored as events; counted as the other summaries are
-            ("images", kind == tfevents.V_IMAGE),
-            ("audio", kind == tfevents.V_AUDIO),
-            ("other_tensors", tensor & ~is_histo),
-        ):
-            batch.counts[name] = batch.counts.get(name, 0) + int((mask & other).sum())
+        # histograms are stored as events and counted as the other summaries are
+        for name, c in zip(("histograms", "images", "audio", "other_tensors"), counts.tolist(), strict=True):
+            batch.counts[name] = batch.counts.get(name, 0) + c
         return points
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ingest.framing import masked_crc32c, skip_field, u32, u64, varint
-from workbench.jit import njit
+from ingest.framing import f32_of_bits, f64_of_bits, masked_crc32c, skip_field, u32, u64, varint
+from workbench.jit import njit, njit_without_refcounts
 
 # --- framing status codes (per record) -------------------------------------------------------
 REC_OK = 0
@@ -38,12 +38,14 @@ V_EMPTY = 8  # metadata only (hparams)
 # the kernels' named steps are inlined into their callers (`inline="always"`): one kernel in
 # machine code, as if written in one piece, with no call per record or value
 
+FULL = -2  # _decode_summary: no room left for a value
+
 # columns of the int64 `vals` matrix returned by decode_records
 VC_REC, VC_TAG_OFF, VC_TAG_LEN, VC_TAG_HASH, VC_PLUGIN_OFF, VC_PLUGIN_LEN, VC_KIND = range(7)
 N_VCOLS = 7
 
 
-@njit(cache=True, nogil=True)
+@njit_without_refcounts(cache=True, nogil=True)
 def _half_to_float(h):
     s = (h >> 15) & 1
     e = (h >> 10) & 0x1F
@@ -57,24 +59,12 @@ def _half_to_float(h):
     return -v if s else v
 
 
-@njit(cache=True, nogil=True)
-def _bits_to_f32(bits, s32):
-    s32[0] = np.uint32(bits)
-    return np.float64(s32.view(np.float32)[0])
-
-
-@njit(cache=True, nogil=True)
-def _bits_to_f64(bits, s64):
-    s64[0] = np.uint64(bits)
-    return s64.view(np.float64)[0]
-
-
 # DataType enum values (tensorflow/core/framework/types.proto)
 DT_FLOAT, DT_DOUBLE, DT_INT32, DT_UINT8, DT_INT16, DT_INT8, DT_STRING = 1, 2, 3, 4, 5, 6, 7
 DT_INT64, DT_BOOL, DT_BFLOAT16, DT_UINT16, DT_HALF, DT_UINT32, DT_UINT64 = 9, 10, 14, 17, 19, 22, 23
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit_without_refcounts(cache=True, nogil=True, inline="always")
 def _shape_elements(buf, p, send):
     """The element count of a TensorShapeProto (repeated Dim dim = 2 {int64 size = 1}) in
     buf[p:send]; returns (ok, count)."""
@@ -106,8 +96,8 @@ def _shape_elements(buf, p, send):
     return True, n_elems
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _typed_values(buf, p, end, field, wt, dtype, value, s32, s64):
+@njit_without_refcounts(cache=True, nogil=True, inline="always")
+def _typed_values(buf, p, end, field, wt, dtype, value):
     """A typed repeated numeric field of a TensorProto (float_val 5, double_val 6, int_val 7,
     int64_val 10, bool_val 11, half_val 13, uint32_val 16, uint64_val 17), packed (wt 2) or one
     value; returns (ok, new p, the last value, how many values)."""
@@ -126,12 +116,12 @@ def _typed_values(buf, p, end, field, wt, dtype, value, s32, s64):
         if field == 5:
             if q + 4 > vend:
                 return False, p, value, n_vals
-            value = _bits_to_f32(u32(buf, q), s32)
+            value = f32_of_bits(u32(buf, q))
             q += 4
         elif field == 6:
             if q + 8 > vend:
                 return False, p, value, n_vals
-            value = _bits_to_f64(u64(buf, q), s64)
+            value = f64_of_bits(u64(buf, q))
             q += 8
         else:
             raw, q = varint(buf, q, vend)
@@ -139,7 +129,7 @@ def _typed_values(buf, p, end, field, wt, dtype, value, s32, s64):
                 return False, p, value, n_vals
             if field == 13:
                 if dtype == DT_BFLOAT16:
-                    value = _bits_to_f32(np.uint32(raw & np.uint64(0xFFFF)) << 16, s32)
+                    value = f32_of_bits(np.uint32(raw & np.uint64(0xFFFF)) << 16)
                 else:
                     value = _half_to_float(np.int64(raw & np.uint64(0xFFFF)))
             elif field == 17 or field == 16:
@@ -153,18 +143,18 @@ def _typed_values(buf, p, end, field, wt, dtype, value, s32, s64):
     return True, p, value, n_vals
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _content_value(buf, c, content_len, dtype, value, s32, s64):
+@njit_without_refcounts(cache=True, nogil=True, inline="always")
+def _content_value(buf, c, content_len, dtype, value):
     """The one value of a tensor_content of `dtype`; returns (kind, value), `value` unchanged
     for a content it cannot read."""
     if dtype == DT_FLOAT and content_len == 4:
-        value = _bits_to_f32(u32(buf, c), s32)
+        value = f32_of_bits(u32(buf, c))
     elif dtype == DT_DOUBLE and content_len == 8:
-        value = _bits_to_f64(u64(buf, c), s64)
+        value = f64_of_bits(u64(buf, c))
     elif dtype == DT_HALF and content_len == 2:
         value = _half_to_float(np.int64(buf[c]) | (np.int64(buf[c + 1]) << 8))
     elif dtype == DT_BFLOAT16 and content_len == 2:
-        value = _bits_to_f32((np.uint32(buf[c]) | (np.uint32(buf[c + 1]) << 8)) << 16, s32)
+        value = f32_of_bits((np.uint32(buf[c]) | (np.uint32(buf[c + 1]) << 8)) << 16)
     elif dtype == DT_INT32 and content_len == 4:
         value = np.float64(np.int32(u32(buf, c)))
     elif dtype == DT_INT64 and content_len == 8:
@@ -184,8 +174,8 @@ def _content_value(buf, c, content_len, dtype, value, s32, s64):
     return V_TENSOR_NUM, value
 
 
-@njit(cache=True, nogil=True)
-def _decode_tensor(buf, p, end, s32, s64):
+@njit_without_refcounts(cache=True, nogil=True)
+def _decode_tensor(buf, p, end):
     """Decode a TensorProto; returns (kind, value) with kind V_TENSOR_NUM/STR/OTHER."""
     dtype = np.int64(0)
     n_elems = 1
@@ -236,7 +226,7 @@ def _decode_tensor(buf, p, end, s32, s64):
             or field == 16
             or field == 17
         ):
-            ok, p, value, n = _typed_values(buf, p, end, field, wt, dtype, value, s32, s64)
+            ok, p, value, n = _typed_values(buf, p, end, field, wt, dtype, value)
             if not ok:
                 return -1, value
             n_vals += n
@@ -249,13 +239,13 @@ def _decode_tensor(buf, p, end, s32, s64):
     if n_elems != 1:
         return V_TENSOR_OTHER, value
     if content_off >= 0 and content_len > 0:
-        return _content_value(buf, content_off, content_len, dtype, value, s32, s64)
+        return _content_value(buf, content_off, content_len, dtype, value)
     if n_vals >= 1 and dtype != 0:
         return V_TENSOR_NUM, value
     return V_TENSOR_OTHER, value
 
 
-@njit(cache=True, nogil=True)
+@njit_without_refcounts(cache=True, nogil=True)
 def _fnv1a(buf, p, n):
     h = np.uint64(0xCBF29CE484222325)
     for i in range(p, p + n):
@@ -263,7 +253,7 @@ def _fnv1a(buf, p, n):
     return h
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit_without_refcounts(cache=True, nogil=True, inline="always")
 def _plugin_name(buf, p, mend, out, row):
     """Where SummaryMetadata{plugin_data=1{plugin_name=1}} in buf[p:mend] names the plugin, into
     out[row] (VC_PLUGIN_OFF, VC_PLUGIN_LEN); False when it does not decode."""
@@ -296,8 +286,8 @@ def _plugin_name(buf, p, mend, out, row):
     return q >= 0
 
 
-@njit(cache=True, nogil=True)
-def _decode_value(buf, p, end, out, row, s32, s64):
+@njit_without_refcounts(cache=True, nogil=True)
+def _decode_value(buf, p, end, out, row):
     """Decode one Summary.Value into out[row]; returns (ok, value)."""
     out[row, VC_TAG_OFF] = p
     out[row, VC_TAG_LEN] = 0
@@ -321,7 +311,7 @@ def _decode_value(buf, p, end, out, row, s32, s64):
         elif field == 2 and wt == 5:
             if p + 4 > end:
                 return False, value
-            value = _bits_to_f32(u32(buf, p), s32)
+            value = f32_of_bits(u32(buf, p))
             kind = V_SIMPLE
             p += 4
         elif field == 9 and wt == 2:  # SummaryMetadata
@@ -336,7 +326,7 @@ def _decode_value(buf, p, end, out, row, s32, s64):
             ln, p = varint(buf, p, end)
             if p < 0 or np.int64(ln) < 0 or p + np.int64(ln) > end:
                 return False, value
-            kind, value = _decode_tensor(buf, p, p + np.int64(ln), s32, s64)
+            kind, value = _decode_tensor(buf, p, p + np.int64(ln))
             if kind < 0:
                 return False, value
             p += np.int64(ln)
@@ -358,10 +348,10 @@ def _decode_value(buf, p, end, out, row, s32, s64):
     return True, value
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _decode_summary(buf, p, send, rec, vals, fvals, nv, s32, s64):
-    """The Summary.Values of record `rec` in buf[p:send], appended to vals/fvals from row `nv`
-    (grown as needed); returns (new p, or -1 when a value does not decode, vals, fvals, nv)."""
+@njit_without_refcounts(cache=True, nogil=True, inline="always")
+def _decode_summary(buf, p, send, rec, vals, fvals, nv):
+    """The Summary.Values of record `rec` in buf[p:send], written to vals/fvals from row `nv`;
+    returns (new p, or -1 when a value does not decode, or FULL when vals has no room left; nv)."""
     while p < send:
         k2, p = varint(buf, p, send)
         if p < 0:
@@ -372,15 +362,9 @@ def _decode_summary(buf, p, send, rec, vals, fvals, nv, s32, s64):
                 p = -1
                 break
             if nv == vals.shape[0]:
-                cap = 2 * vals.shape[0]
-                nvals = np.empty((cap, N_VCOLS), np.int64)
-                nvals[:nv] = vals[:nv]
-                vals = nvals
-                nf = np.empty(cap, np.float64)
-                nf[:nv] = fvals[:nv]
-                fvals = nf
+                return FULL, nv
             vals[nv, VC_REC] = rec
-            good, v = _decode_value(buf, p, p + np.int64(vl), vals, nv, s32, s64)
+            good, v = _decode_value(buf, p, p + np.int64(vl), vals, nv)
             if not good:
                 p = -1
                 break
@@ -391,10 +375,10 @@ def _decode_summary(buf, p, send, rec, vals, fvals, nv, s32, s64):
             p = skip_field(buf, p, send, np.int64(k2 & np.uint64(7)))
             if p < 0:
                 break
-    return p, vals, fvals, nv
+    return p, nv
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit_without_refcounts(cache=True, nogil=True, inline="always")
 def _session_status(buf, p, lend, sess, rec):
     """SessionLog{status=1} in buf[p:lend] into sess[rec] (a damaged one ends where it breaks)."""
     q = p
@@ -424,14 +408,35 @@ def decode_records(buf, offs, lens, check_crc, tables):
     sess = np.zeros(n, np.int8)
     vals = np.empty((n + 16, N_VCOLS), np.int64)
     fvals = np.empty(n + 16, np.float64)
-    s32 = np.empty(1, np.uint32)
-    s64 = np.empty(1, np.uint64)
-    nv = 0
-    for i in range(n):
+    i, nv = _decode_into(
+        buf, offs, lens, 0, check_crc, tables, status, what, wall, step, sess, vals, fvals, 0
+    )
+    while i < n:  # record i's values did not fit: twice the room, and on from record i
+        more = np.empty((2 * vals.shape[0], N_VCOLS), np.int64)
+        more[:nv] = vals[:nv]
+        vals = more
+        fmore = np.empty(vals.shape[0], np.float64)
+        fmore[:nv] = fvals[:nv]
+        fvals = fmore
+        i, nv = _decode_into(
+            buf, offs, lens, i, check_crc, tables, status, what, wall, step, sess, vals, fvals, nv
+        )
+    return status, what, wall, step, sess, vals[:nv], fvals[:nv]
+
+
+@njit_without_refcounts(cache=True, nogil=True)
+def _decode_into(buf, offs, lens, i, check_crc, tables, status, what, wall, step, sess, vals, fvals, nv):
+    """decode_records' loop, from record i with nv values written, into arrays it is given: no
+    array is made here, so the loop takes no reference count (an atomic operation, contended
+    when threads share the buffer). Returns (i, nv): i < n when record i's values found vals
+    full (its values are dropped; decode again from it with more room)."""
+    n = offs.shape[0]
+    while i < n:
         p = offs[i] + 12
         end = p + lens[i]
         if check_crc and masked_crc32c(buf, p, lens[i], tables) != u32(buf, end):
             status[i] = REC_BAD_DATA_CRC
+            i += 1
             continue
         row0 = nv
         ok = True
@@ -446,7 +451,7 @@ def decode_records(buf, offs, lens, check_crc, tables):
                 if p + 8 > end:
                     ok = False
                     break
-                wall[i] = _bits_to_f64(u64(buf, p), s64)
+                wall[i] = f64_of_bits(u64(buf, p))
                 p += 8
             elif field == 2 and wt == 0:
                 s, p = varint(buf, p, end)
@@ -458,7 +463,9 @@ def decode_records(buf, offs, lens, check_crc, tables):
                 if p < 0 or send > end or send < p:
                     ok = False
                     break
-                p, vals, fvals, nv = _decode_summary(buf, p, send, i, vals, fvals, nv, s32, s64)
+                p, nv = _decode_summary(buf, p, send, i, vals, fvals, nv)
+                if p == FULL:
+                    return i, row0
                 if p < 0:
                     ok = False
                     break
@@ -487,20 +494,151 @@ def decode_records(buf, offs, lens, check_crc, tables):
         if not ok:
             status[i] = REC_BAD_PROTO
             nv = row0  # drop any values of a record that did not decode whole
-    return status, what, wall, step, sess, vals[:nv], fvals[:nv]
+        i += 1
+    return n, nv
+
+
+# what the plugin a tag's first metadata names makes of its values (tag_plugin_class)
+P_OTHER, P_SCALARS, P_TEXT, P_HPARAMS, P_HISTOGRAMS = 0, 1, 2, 3, 4
+PLUGIN_CLASS = {"scalars": P_SCALARS, "text": P_TEXT, "hparams": P_HPARAMS, "histograms": P_HISTOGRAMS}
 
 
 @njit(cache=True, nogil=True)
-def tags_equal(buf, vals, rep_off, rep_len, group):
-    """True when every value's tag bytes equal its group representative's (hash collision check)."""
-    for r in range(vals.shape[0]):
-        g = group[r]
-        ln = vals[r, VC_TAG_LEN]
-        if ln != rep_len[g]:
-            return False
-        a = vals[r, VC_TAG_OFF]
-        b = rep_off[g]
-        for j in range(ln):
-            if buf[a + j] != buf[b + j]:
-                return False
-    return True
+def tag_groups(buf, vals):
+    """Group Summary.Values by tag in one pass (an open-addressing table on the tag hash).
+
+    Returns (group per value, first value of each group, first value of each group that carries
+    plugin metadata or -1, collided): groups are numbered in the order of their hashes, as
+    np.unique numbers them. `collided`: two different tag names share a hash (then group by the
+    names themselves).
+    """
+    n = vals.shape[0]
+    group = np.empty(n, np.int64)
+    first, first_plugin, hashes = np.empty(16, np.int64), np.empty(16, np.int64), np.empty(16, np.int64)
+    table = np.full(64, -1, np.int64)  # slot -> group; kept at most half full
+    r, k, collided = _group_into(buf, vals, 0, 0, False, group, first, first_plugin, hashes, table)
+    while r < n:  # value r starts a group there is no room for
+        if k == first.shape[0]:
+            first, first_plugin, hashes = _grown(first, k), _grown(first_plugin, k), _grown(hashes, k)
+        if 2 * (k + 1) > table.shape[0]:
+            table = np.full(4 * table.shape[0], -1, np.int64)
+            mask = table.shape[0] - 1
+            for j in range(k):
+                t = hashes[j] & mask
+                while table[t] >= 0:
+                    t = (t + 1) & mask
+                table[t] = j
+        r, k, collided = _group_into(buf, vals, r, k, collided, group, first, first_plugin, hashes, table)
+    order = np.argsort(hashes[:k], kind="mergesort")
+    rank = np.empty(k, np.int64)
+    rank[order] = np.arange(k)
+    for r in range(n):
+        group[r] = rank[group[r]]
+    return group, first[:k][order], first_plugin[:k][order], collided
+
+
+@njit_without_refcounts(cache=True, nogil=True)
+def _group_into(buf, vals, r, k, collided, group, first, first_plugin, hashes, table):
+    """tag_groups' pass from value r, with k groups found, into arrays it is given (no reference
+    counts taken per value); returns (r, k, collided): r < n when value r starts a group that
+    has no room (grow the group arrays or the table, and go on from r)."""
+    n = vals.shape[0]
+    mask = table.shape[0] - 1
+    while r < n:
+        h = vals[r, VC_TAG_HASH]
+        s = h & mask
+        while table[s] >= 0 and hashes[table[s]] != h:
+            s = (s + 1) & mask
+        g = table[s]
+        if g < 0:
+            if k == first.shape[0] or 2 * (k + 1) > table.shape[0]:
+                return r, k, collided
+            g = k
+            first[g] = r
+            first_plugin[g] = -1
+            hashes[g] = h
+            table[s] = g
+            k += 1
+        elif not collided:
+            a, b, ln = vals[r, VC_TAG_OFF], vals[first[g], VC_TAG_OFF], vals[r, VC_TAG_LEN]
+            if ln != vals[first[g], VC_TAG_LEN]:
+                collided = True
+            else:
+                for j in range(ln):
+                    if buf[a + j] != buf[b + j]:
+                        collided = True
+                        break
+        if first_plugin[g] < 0 and vals[r, VC_PLUGIN_OFF] >= 0:
+            first_plugin[g] = r
+        group[r] = g
+        r += 1
+    return r, k, collided
+
+
+@njit(cache=True, nogil=True)
+def _grown(a, k):
+    """a twice as long, its first k items kept."""
+    out = np.empty(2 * a.shape[0], a.dtype)
+    out[:k] = a[:k]
+    return out
+
+
+@njit(cache=True, nogil=True)
+def split_values(vals, group, plugin_class, step, wall, fvals):
+    """Sort Summary.Values by what they are, in two passes (count, then fill).
+
+    `plugin_class`: per tag group, P_*. Returns the scalars (tag code, step, wall time, value);
+    the rows of the values that are text, of hparams' tags, and histograms; and the counts of
+    the values that are none of scalar, text or hparams: [histograms, images, audio, other
+    tensors].
+    """
+    n = vals.shape[0]
+    counts = np.zeros(4, np.int64)
+    sizes = np.zeros(4, np.int64)  # scalars, text, hparams, histograms
+    for r in range(n):
+        kind = vals[r, VC_KIND]
+        cls = plugin_class[group[r]]
+        scalar = kind == V_SIMPLE or (kind == V_TENSOR_NUM and cls == P_SCALARS)
+        text = cls == P_TEXT and kind == V_TENSOR_STR
+        histo = kind == V_HISTO or (cls == P_HISTOGRAMS and kind == V_TENSOR_OTHER)
+        sizes[0] += scalar
+        sizes[1] += text
+        sizes[2] += cls == P_HPARAMS
+        sizes[3] += histo
+        if not (scalar or text or cls == P_HPARAMS):
+            if histo:
+                counts[0] += 1
+            elif kind == V_IMAGE:
+                counts[1] += 1
+            elif kind == V_AUDIO:
+                counts[2] += 1
+            elif kind in (V_TENSOR_NUM, V_TENSOR_STR, V_TENSOR_OTHER):
+                counts[3] += 1
+    code = np.empty(sizes[0], np.int32)
+    s_step = np.empty(sizes[0], np.int64)
+    s_wall = np.empty(sizes[0], np.float64)
+    s_value = np.empty(sizes[0], np.float64)
+    text_rows = np.empty(sizes[1], np.int64)
+    hparams_rows = np.empty(sizes[2], np.int64)
+    histo_rows = np.empty(sizes[3], np.int64)
+    i = t = h = m = 0
+    for r in range(n):
+        kind = vals[r, VC_KIND]
+        cls = plugin_class[group[r]]
+        if kind == V_SIMPLE or (kind == V_TENSOR_NUM and cls == P_SCALARS):
+            rec = vals[r, VC_REC]
+            code[i] = group[r]
+            s_step[i] = step[rec]
+            s_wall[i] = wall[rec]
+            s_value[i] = fvals[r]
+            i += 1
+        if cls == P_TEXT and kind == V_TENSOR_STR:
+            text_rows[t] = r
+            t += 1
+        if cls == P_HPARAMS:
+            hparams_rows[h] = r
+            h += 1
+        if kind == V_HISTO or (cls == P_HISTOGRAMS and kind == V_TENSOR_OTHER):
+            histo_rows[m] = r
+            m += 1
+    return code, s_step, s_wall, s_value, text_rows, hparams_rows, histo_rows, counts

@@ -25,13 +25,21 @@ from workbench.store.points import Points, order_and_supersede, stretch_starts
 STATISTICS = ["run_id", "chunk_id", "tag", "step", "local_superseded"]
 NO_STEP = np.iinfo(np.int64).min  # finite_step of a tag without a finite point (null in the table)
 SHARED_ROW_GROUP = 1 << 16  # rows per row group of a file of many runs: what one-run queries skip by
+# How scalar columns are encoded. A dictionary only where values repeat by construction (Parquet's
+# default tries one on every column, and building it for millions of distinct floats took half
+# of a part's write); steps as deltas (mostly +1). Measured on 1.4 M points: written in 0.16 s
+# instead of 0.45 s, 20 % smaller, read by DuckDB as fast.
+ENCODING = {
+    "compression": "zstd",
+    "use_dictionary": ["run_id", "tag", "chunk_id", "local_superseded"],
+    "column_encoding": {"step": "DELTA_BINARY_PACKED"},
+    "write_statistics": STATISTICS,
+}
 
 
 def write_table(table: pa.Table, path: Path, row_group_size: int = 1 << 20) -> None:
     """A scalars table as Parquet the way every scalar part and compacted file is written."""
-    pq.write_table(
-        table, path, compression="zstd", row_group_size=row_group_size, write_statistics=STATISTICS
-    )
+    pq.write_table(table, path, row_group_size=row_group_size, **ENCODING)
 
 
 def publish(kind: str, chunk_id: int, rows: int, tmp: Path, part: Path) -> dict:
@@ -52,7 +60,7 @@ def publish(kind: str, chunk_id: int, rows: int, tmp: Path, part: Path) -> dict:
 
 def write_batches(batches: pa.RecordBatchReader, path: Path, row_group_size: int) -> None:
     """Scalar rows streamed from a query (compaction), one row group per `row_group_size` rows."""
-    with pq.ParquetWriter(path, batches.schema, compression="zstd", write_statistics=STATISTICS) as w:
+    with pq.ParquetWriter(path, batches.schema, **ENCODING) as w:
         for batch in batches:
             w.write_batch(batch, row_group_size=row_group_size)
 
