@@ -321,8 +321,7 @@ def _mixed_step_axes(points: Points) -> str | None:
         axis = epochs if name.startswith("epoch_") else None
         if name.startswith("batch_") or name.endswith("_vs_iterations"):
             axis = iterations
-        steps = points.step[points.tag_code == code]
-        if axis is not None and len(steps):
+        if axis is not None and len(steps := points.step[points.tag_code == code]):
             axis[tag] = int(steps.max())
     if not epochs or not iterations or max(iterations.values()) <= max(epochs.values()):
         return None
