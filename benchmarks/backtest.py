@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from replay import TAGS, build_store  # noqa: E402
 
 from detectors.backtest import Settings, backtest, load_labels  # noqa: E402
-from detectors.replay import batches, replay_batches  # noqa: E402
+from detectors.replay import batches, needs_peers, replay_batches  # noqa: E402
 from detectors.rules import Rule  # noqa: E402
 from detectors.scoring import alarms_by_run, metrics, outcomes  # noqa: E402
 from detectors.tuning import tune_rule  # noqa: E402
@@ -155,9 +155,9 @@ def naive_pick(outs: list[dict], train: list[str], budget: float) -> int:
 
 def tuning(store, n_runs: int) -> None:
     """Leave-one-run-out tuning of every sweep: the library vs the plain per-fold loop."""
-    groups = batches(store, None)
-    runs, _ = load_labels(store, [r for g in groups for r in g])
     points = [p for rule in RULES for p in rule.sweep_points()]
+    groups = batches(store, None, whole_groups=needs_peers(points))  # as `workbench backtest` batches them
+    runs, _ = load_labels(store, [r for g in groups for r in g])
 
     def note_steps(data):
         for run, steps in data.logged_steps().items():
