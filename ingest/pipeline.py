@@ -53,11 +53,13 @@ NOT_READ = ("not_read", "labels_error", "checkpoint_error")  # problems of thing
 # to a file (task.SHARED_BELOW)
 SHARED_MIN_RUNS = 64
 # below this much work, spawning processes costs more than it saves: a spawned worker imports
-# for about 1.5 s, and reading costs about 0.2 s a MB, so n workers pay off past about
-# 8 MB x n / (n - 1) (on 2 cores, in three alternating rounds: 500 small runs, 13 MB, took
-# 2.3-2.6 s in this process and 2.9-3.1 s with 2 workers; 1,000 runs, 26 MB, 7.4 s and 5.7 s)
+# for about 1.5 s and this process keeps staging and committing beside the workers, so n
+# workers pay off past about 24 MB x n / (n - 1). On 2 cores, in three alternating rounds of
+# the many-runs benchmark's JSONL runs (48 KB each), in this process against 2 workers:
+# 500 runs (24 MB) 3.1-3.3 s against 4.1-4.4 s; 1,000 runs (48 MB) 5.8-7.3 s against
+# 5.2-6.9 s; 1,500 runs (72 MB) 7.4-9.9 s against 7.0-8.4 s
 PARALLEL_MIN_TASKS = 64
-PARALLEL_MIN_BYTES = 8 << 20
+PARALLEL_MIN_BYTES = 24 << 20
 
 
 def _base_for(root: Path, roots: list[str]) -> Path:
