@@ -11,6 +11,7 @@ from tensorboardX.proto import summary_pb2
 from writers import tbx_summaries
 
 from ingest import tfevents
+from ingest.framing import CRC_TABLES, GAP_BAD_LENGTH_CRC, frame_records, masked_crc32c
 from workbench.store import Store
 
 
@@ -94,3 +95,29 @@ def test_a_hash_collision_groups_by_the_names(tmp_path, monkeypatch):
     assert calls == [15]
     assert fallback.query(query).rows() == plain.query(query).rows()
     assert len(plain.query(query).rows()) == 15
+
+
+def _record(payload: bytes) -> bytes:
+    """One TFRecord: length, its masked CRC, the payload, the payload's masked CRC."""
+    head = np.frombuffer(len(payload).to_bytes(8, "little"), np.uint8)
+    body = np.frombuffer(payload, np.uint8)
+    return (
+        head.tobytes()
+        + int(masked_crc32c(head, 0, 8, CRC_TABLES)).to_bytes(4, "little")
+        + payload
+        + int(masked_crc32c(body, 0, len(body), CRC_TABLES)).to_bytes(4, "little")
+    )
+
+
+def test_framing_outgrows_its_first_room_for_records_and_gaps():
+    """Records of 16 bytes (an empty payload) outnumber the room first made for them (a record
+    per 32 bytes), and 40 damaged stretches outnumber the 16 gaps first made room for."""
+    tiny = [_record(b"") for _ in range(300)]
+    data = b"".join(tiny) + b"".join(b"\xff" * 5 + _record(b"x" * 20) for _ in range(40))
+    buf = np.frombuffer(data, np.uint8)
+    offs, lens, end, gaps = frame_records(buf, len(buf), CRC_TABLES, len(buf), True)
+    at = [16 * 300 + 41 * k for k in range(40)]  # where each damaged stretch starts
+    assert end == len(buf)
+    assert offs.tolist() == [16 * k for k in range(300)] + [a + 5 for a in at]
+    assert lens.tolist() == [0] * 300 + [20] * 40
+    assert gaps.tolist() == [[a, a + 5, GAP_BAD_LENGTH_CRC] for a in at]
