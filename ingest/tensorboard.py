@@ -35,10 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest import tfevents
 from ingest.base import Batch, Evidence, Ingestor, Problem, ReadContext, event
 from ingest.ds_config import batch_size_of
-from ingest.framing import CRC_TABLES, GAP_PAST_END, frame_records
 from ingest.lines import is_settled
 from ingest.textlog.alerts import IN_JOB_ALERT
 from workbench.store.points import Points
@@ -97,6 +95,11 @@ class TensorBoardIngestor(Ingestor):
 
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:
         """Decode `path` from byte `start` on, one Batch per block."""
+        # the kernels (numba) load with the first event file read, not with the registry: an
+        # ingest of JSONL, CSV or console logs never imports numba (the methods below import
+        # them where they call them)
+        from ingest.framing import CRC_TABLES, frame_records
+
         plugins = dict(ctx.plugins)
         samples = ctx.state.get("ds_samples", False)
         axes_flagged = ctx.state.get("axes_flagged", False)
@@ -145,6 +148,9 @@ class TensorBoardIngestor(Ingestor):
 
     # ---------------------------------------------------------------------------------------
     def _decode(self, path, buf, base, offs, lens, end, gaps, plugins, prefix) -> Batch:
+        from ingest import tfevents
+        from ingest.framing import GAP_PAST_END
+
         batch = Batch(start=base, end=base + end, records=len(offs))
         for g0, g1, reason in gaps:
             at, skipped = base + int(g0), int(g1 - g0)
@@ -175,6 +181,9 @@ class TensorBoardIngestor(Ingestor):
 
     def _decode_parallel(self, buf, offs, lens) -> list:
         """[(first record index, decode_records output)] for consecutive record ranges."""
+        from ingest import tfevents
+        from ingest.framing import CRC_TABLES
+
         n = len(offs)
         if self.threads < 2 or n < PARALLEL_MIN_RECORDS:
             return [(0, tfevents.decode_records(buf, offs, lens, self.check_crc, CRC_TABLES))]
@@ -190,6 +199,8 @@ class TensorBoardIngestor(Ingestor):
 
     @staticmethod
     def _record_problems(batch, base, offs, lens, status):
+        from ingest import tfevents
+
         for i in np.flatnonzero(status == tfevents.REC_BAD_DATA_CRC):
             batch.problems.append(
                 Problem(
@@ -209,6 +220,8 @@ class TensorBoardIngestor(Ingestor):
             )
 
     def _session_events(self, batch, buf, base, offs, lens, what, sess, wall, step, good):
+        from ingest import tfevents
+
         for i in np.flatnonzero(good & (what == tfevents.EV_SESSION_LOG)):
             status = _SESSION_STATUS.get(int(sess[i]))
             if status == "START" and step[i] > 0:
@@ -235,6 +248,8 @@ class TensorBoardIngestor(Ingestor):
         )
 
     def _values(self, batch, buf, base, offs, lens, wall, step, vals, fvals, plugins, prefix) -> Points:
+        from ingest import tfevents
+
         group, first, first_plugin, collided = tfevents.tag_groups(buf, vals)
         if collided:
             # a 64-bit hash collision between two tag names: group by the bytes themselves

@@ -179,6 +179,31 @@ def test_read_commands_load_no_polars_pyarrow_or_numba(tbx_store, args):
     assert "LOADED []" in p.stderr
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "tfevents"])
+def test_numba_loads_with_the_first_event_file_only(tmp_path, kind):
+    """The event-file kernels load numba (about 0.3 s of a small ingest) when an event file is
+    read, not with the readers: an ingest of JSONL logs never imports it."""
+    run = tmp_path / "logs" / "run_a"
+    run.mkdir(parents=True)
+    if kind == "jsonl":
+        lines = "".join(json.dumps({"step": s, "loss": 1 / s}) + "\n" for s in range(1, 50))
+        (run / "metrics.jsonl").write_text(lines)
+    else:
+        event_file = DATA / "generated/tbx_run/run_a/events.out.tfevents.1796036286.vm"
+        (run / event_file.name).write_bytes(event_file.read_bytes())
+    argv = ["workbench", "ingest", str(tmp_path / "logs"), "--store", str(tmp_path / "store")]
+    code = (
+        "import atexit, runpy, sys;"
+        "atexit.register(lambda: print('NUMBA', 'numba' in sys.modules, file=sys.stderr));"
+        f"sys.argv = {argv!r};"
+        "runpy.run_module('workbench', run_name='__main__')"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "ingested 1 runs" in p.stderr
+    assert f"NUMBA {kind == 'tfevents'}" in p.stderr
+
+
 def test_exit_codes(tmp_path):
     store = tmp_path / "s"
     bad = tmp_path / "bad"
