@@ -15,7 +15,7 @@ from ingest.jsonl import RecordsToPoints, block_points
 from ingest.pipeline import ingest
 from tests.writers import tbx_scalars
 from workbench.executor import LocalExecutor
-from workbench.store import Store
+from workbench.store import Store, compaction, layout
 
 ORDER = "ORDER BY run_id, tag, step, source_file, segment"
 
@@ -64,6 +64,42 @@ def test_every_executor_stages_the_same_rows(tmp_path):
     a, b = _tables(one), _tables(two)
     for name in a:
         assert a[name].equals(b[name]), name
+
+
+def _scalar_parts(store: Store) -> list[tuple[int, str | None]]:
+    """(rows, shared file or None) of the live generation's scalar parts, by chunk."""
+    parts = layout.read_meta("parts", store.live_generation()).filter(pl.col("kind") == "scalars")
+    return [(r["rows"], r["file"]) for r in parts.sort("chunk_id").iter_rows(named=True)]
+
+
+def test_a_commit_merges_only_small_parts(tmp_path, monkeypatch):
+    """Past COMPACT_AT small parts of their own, a commit merges them; a large part (a block
+    of an event file) is left in its own file, since a merge would only rewrite it."""
+    monkeypatch.setattr(compaction, "COMPACT_AT", 4)
+    monkeypatch.setattr(compaction, "SMALL_PART", 200)
+    runs = tmp_path / "runs"
+    for i in range(4):
+        (runs / f"run{i}").mkdir(parents=True)
+        lines = [json.dumps({"step": s, "loss": 2.0 / s, "lr": 1e-4}) for s in range(1, 151)]
+        (runs / f"run{i}" / "metrics.jsonl").write_text("\n".join(lines) + "\n")  # 300 points: large
+    store = Store(tmp_path / "s")
+    ingest([runs], store)
+    query = "SELECT run_id, tag, step, value FROM scalars ORDER BY ALL"
+    before = store.query(query)
+    assert _scalar_parts(store) == [(300, None)] * 4  # four large parts: no merge
+    for i in range(4):  # four small parts (a grown log's new lines each)
+        with open(runs / f"run{i}" / "metrics.jsonl", "a") as f:
+            f.write("".join(json.dumps({"step": s, "loss": 0.5}) + "\n" for s in range(151, 156)))
+    ingest([runs], store)
+    parts = _scalar_parts(store)  # the large parts stay in their files, the small ones are one
+    assert parts[:4] == [(300, None)] * 4
+    assert [rows for rows, _ in parts[4:]] == [5] * 4 and len({file for _, file in parts[4:]}) == 1
+    assert parts[4][1].startswith("scalars/_compacted/")
+    after = store.query(query)
+    assert after.height == before.height + 20
+    new = after.join(before, on=["run_id", "tag", "step"], how="anti")
+    assert sorted(set(new["step"].to_list())) == [151, 152, 153, 154, 155]
+    assert store.check().ok
 
 
 def test_compaction_keeps_every_point_and_the_store_whole(tmp_path):

@@ -17,20 +17,29 @@ import workbench.store.layout as layout
 import workbench.store.parts as parts_mod
 from workbench.store.sql import duckdb_config, glob_literal
 
-COMPACT_AT = 256  # own scalar parts in a generation past which a commit merges them into one file
+COMPACT_AT = 256  # small scalar parts of their own in a generation past which a commit merges them
+# rows: a part below this is small (a watch's poll, a grown log's new lines, a file's last block);
+# a larger one (a block of an event file) gains nothing from a merge but the cost of rewriting it
+SMALL_PART = 1 << 16
+
+
+def _small_own() -> pl.Expr:
+    small = pl.col("rows").fill_null(0) < SMALL_PART
+    return (pl.col("kind") == "scalars") & pl.col("file").is_null() & small
 
 
 def due(parts: pl.DataFrame) -> bool:
-    """Whether a commit should compact first: COMPACT_AT scalar parts or more in files of their own."""
-    return parts.filter(pl.col("file").is_null() & (pl.col("kind") == "scalars")).height >= COMPACT_AT
+    """Whether a commit should compact first: COMPACT_AT small scalar parts or more in files of
+    their own."""
+    return parts.filter(_small_own()).height >= COMPACT_AT
 
 
 def candidates(
     root: Path, parts: pl.DataFrame, chunks: pl.DataFrame, everything: bool
 ) -> tuple[pl.DataFrame, list[str]]:
-    """The scalar parts to merge (the chunks' own; `everything`: the compacted files' too), with
-    their chunks' run ids, and the files they are in."""
-    mine = (pl.col("kind") == "scalars") & (pl.lit(True) if everything else pl.col("file").is_null())
+    """The scalar parts to merge (the chunks' own small ones; `everything`: every scalar part),
+    with their chunks' run ids, and the files they are in."""
+    mine = (pl.col("kind") == "scalars") if everything else _small_own()
     todo = parts.filter(mine).join(chunks.select("chunk_id", "run_id"), on="chunk_id")
     files = sorted(set(layout.part_files(root, todo["kind"], todo["run_id"], todo["chunk_id"], todo["file"])))
     return todo, files
