@@ -46,8 +46,8 @@ SAMPLES_PREFIX = "Train/Samples/"  # DeepSpeed's monitor: these tags count sampl
 ALERT_PREFIX = "ALERT/"  # text summaries a training job writes when its own detector fires
 # bounded memory: a file is decoded this many bytes at a time (a chunk each). Its buffers then
 # stay under glibc's 32 MB mmap threshold and are reused, where 64 MB blocks were mapped and
-# faulted in afresh each time: 20 M scalars in 6.2-7.1 s at 0.41 GB peak against 7.2-8.3 s at
-# 0.80 GB, in four alternating pairs
+# faulted in afresh each time: 20 M scalars in 6.2-7.5 s at 0.41 GB peak against 7.2-10.7 s at
+# 0.80 GB, in seven alternating pairs
 BLOCK_BYTES = 16 << 20
 PARALLEL_MIN_RECORDS = 20_000  # below this, a second thread costs more than it saves
 
