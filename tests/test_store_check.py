@@ -298,6 +298,14 @@ def test_queries_never_reach_for_the_network(two_generations):
     assert settings == (False, False)
 
 
+def test_a_slow_query_draws_no_progress_bar_on_stdout(two_generations):
+    """DuckDB draws one on stdout for a query past 2 s: into a script's or a notebook's output.
+    Asked of the connection, since a query that slow would make the test slow."""
+    _, store = two_generations
+    for con in (store.connect(), store.connect("SELECT count(*) FROM scalars")):
+        assert con.execute("SELECT current_setting('enable_progress_bar')").fetchone() == (False,)
+
+
 def test_a_store_folder_named_with_glob_characters(tmp_path):
     _logs(tmp_path / "logs")
     store = Store(tmp_path / "store[1]*")

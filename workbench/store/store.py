@@ -106,6 +106,8 @@ class Store:
 
     def _open(self, gen: Path, query: str | None) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect(":memory:", config=duckdb_config())
+        # DuckDB draws a progress bar on stdout for a query past 2 s, into a script's output
+        con.execute("SET enable_progress_bar = false")
         if query is not None and views.reads_no_view(query):
             con.execute("SET lock_configuration = true")
             return con
