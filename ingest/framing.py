@@ -163,18 +163,23 @@ def frame_records(buf, n, tables, limit, settled):
     k, g, p, full = _frame_into(buf, n, tables, limit, settled, offs, lens, gaps, 0, 0, np.int64(0))
     while full != _ROOM:
         if full == _RECORDS_FULL:
-            more, lmore = np.empty(2 * offs.shape[0], np.int64), np.empty(2 * offs.shape[0], np.int64)
-            more[:k], lmore[:k] = offs[:k], lens[:k]
-            offs, lens = more, lmore
+            offs, lens = grown(offs, k), grown(lens, k)
         else:
-            gmore = np.empty((2 * gaps.shape[0], 3), np.int64)
-            gmore[:g] = gaps[:g]
-            gaps = gmore
+            gaps = grown(gaps, g)
         k, g, p, full = _frame_into(buf, n, tables, limit, settled, offs, lens, gaps, k, g, p)
     return offs[:k], lens[:k], p, gaps[:g]
 
 
 _ROOM, _RECORDS_FULL, _GAPS_FULL = 0, 1, 2
+
+
+@njit(cache=True, nogil=True)
+def grown(a, k):
+    """`a` with twice the rows, its first k kept: the room a kernel that writes into arrays it
+    is given gets when it runs out."""
+    out = np.empty((2 * a.shape[0],) + a.shape[1:], a.dtype)
+    out[:k] = a[:k]
+    return out
 
 
 @njit_without_refcounts(cache=True, nogil=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ingest.framing import f32_of_bits, f64_of_bits, masked_crc32c, skip_field, u32, u64, varint
+from ingest.framing import f32_of_bits, f64_of_bits, grown, masked_crc32c, skip_field, u32, u64, varint
 from workbench.jit import njit, njit_without_refcounts
 
 # --- framing status codes (per record) -------------------------------------------------------
@@ -412,12 +412,7 @@ def decode_records(buf, offs, lens, check_crc, tables):
         buf, offs, lens, 0, check_crc, tables, status, what, wall, step, sess, vals, fvals, 0
     )
     while i < n:  # record i's values did not fit: twice the room, and on from record i
-        more = np.empty((2 * vals.shape[0], N_VCOLS), np.int64)
-        more[:nv] = vals[:nv]
-        vals = more
-        fmore = np.empty(vals.shape[0], np.float64)
-        fmore[:nv] = fvals[:nv]
-        fvals = fmore
+        vals, fvals = grown(vals, nv), grown(fvals, nv)
         i, nv = _decode_into(
             buf, offs, lens, i, check_crc, tables, status, what, wall, step, sess, vals, fvals, nv
         )
@@ -519,7 +514,7 @@ def tag_groups(buf, vals):
     r, k, collided = _group_into(buf, vals, 0, 0, False, group, first, first_plugin, hashes, table)
     while r < n:  # value r starts a group there is no room for
         if k == first.shape[0]:
-            first, first_plugin, hashes = _grown(first, k), _grown(first_plugin, k), _grown(hashes, k)
+            first, first_plugin, hashes = grown(first, k), grown(first_plugin, k), grown(hashes, k)
         if 2 * (k + 1) > table.shape[0]:
             table = np.full(4 * table.shape[0], -1, np.int64)
             mask = table.shape[0] - 1
@@ -575,17 +570,14 @@ def _group_into(buf, vals, r, k, collided, group, first, first_plugin, hashes, t
     return r, k, collided
 
 
-@njit(cache=True, nogil=True)
-def _grown(a, k):
-    """a twice as long, its first k items kept."""
-    out = np.empty(2 * a.shape[0], a.dtype)
-    out[:k] = a[:k]
-    return out
+# what split_values' first pass finds of a value (bits, several may hold)
+_SCALAR, _TEXT, _HPARAMS, _HISTO = 1, 2, 4, 8
 
 
 @njit(cache=True, nogil=True)
 def split_values(vals, group, plugin_class, step, wall, fvals):
-    """Sort Summary.Values by what they are, in two passes (count, then fill).
+    """Sort Summary.Values by what they are, in two passes (what each is and how many, then
+    fill).
 
     `plugin_class`: per tag group, P_*. Returns the scalars (tag code, step, wall time, value);
     the rows of the values that are text, of hparams' tags, and histograms; and the counts of
@@ -593,20 +585,26 @@ def split_values(vals, group, plugin_class, step, wall, fvals):
     tensors].
     """
     n = vals.shape[0]
+    flags = np.zeros(n, np.int8)
     counts = np.zeros(4, np.int64)
     sizes = np.zeros(4, np.int64)  # scalars, text, hparams, histograms
     for r in range(n):
         kind = vals[r, VC_KIND]
         cls = plugin_class[group[r]]
-        scalar = kind == V_SIMPLE or (kind == V_TENSOR_NUM and cls == P_SCALARS)
-        text = cls == P_TEXT and kind == V_TENSOR_STR
-        histo = kind == V_HISTO or (cls == P_HISTOGRAMS and kind == V_TENSOR_OTHER)
-        sizes[0] += scalar
-        sizes[1] += text
-        sizes[2] += cls == P_HPARAMS
-        sizes[3] += histo
-        if not (scalar or text or cls == P_HPARAMS):
-            if histo:
+        f = 0
+        if kind == V_SIMPLE or (kind == V_TENSOR_NUM and cls == P_SCALARS):
+            f |= _SCALAR
+        if cls == P_TEXT and kind == V_TENSOR_STR:
+            f |= _TEXT
+        if cls == P_HPARAMS:
+            f |= _HPARAMS
+        if kind == V_HISTO or (cls == P_HISTOGRAMS and kind == V_TENSOR_OTHER):
+            f |= _HISTO
+        flags[r] = f
+        for b in range(4):
+            sizes[b] += (f >> b) & 1
+        if f & (_SCALAR | _TEXT | _HPARAMS) == 0:
+            if f & _HISTO:
                 counts[0] += 1
             elif kind == V_IMAGE:
                 counts[1] += 1
@@ -623,22 +621,21 @@ def split_values(vals, group, plugin_class, step, wall, fvals):
     histo_rows = np.empty(sizes[3], np.int64)
     i = t = h = m = 0
     for r in range(n):
-        kind = vals[r, VC_KIND]
-        cls = plugin_class[group[r]]
-        if kind == V_SIMPLE or (kind == V_TENSOR_NUM and cls == P_SCALARS):
+        f = flags[r]
+        if f & _SCALAR:
             rec = vals[r, VC_REC]
             code[i] = group[r]
             s_step[i] = step[rec]
             s_wall[i] = wall[rec]
             s_value[i] = fvals[r]
             i += 1
-        if cls == P_TEXT and kind == V_TENSOR_STR:
+        if f & _TEXT:
             text_rows[t] = r
             t += 1
-        if cls == P_HPARAMS:
+        if f & _HPARAMS:
             hparams_rows[h] = r
             h += 1
-        if kind == V_HISTO or (cls == P_HISTOGRAMS and kind == V_TENSOR_OTHER):
+        if f & _HISTO:
             histo_rows[m] = r
             m += 1
     return code, s_step, s_wall, s_value, text_rows, hparams_rows, histo_rows, counts
