@@ -112,13 +112,10 @@ def _pyarrow_without_pandas() -> None:
 
 
 def _show_answer(text: str, fmt: str) -> None:
-    """DuckDB's CSV or JSON as it came; a table through Rich (loaded only for a table)."""
-    if fmt != "table":
-        sys.stdout.write(text)
-        return
-    from workbench import render
+    """DuckDB's CSV or JSON as it came, or a table drawn from its CSV."""
+    from workbench import table
 
-    render.query_text(text, fmt)
+    table.query_text(text, fmt)
 
 
 def _store(store):

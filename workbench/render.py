@@ -1,4 +1,5 @@
-"""Terminal rendering for the CLI: tables, the backtest report, the lineage tree.
+"""Terminal rendering for the CLI: frames as tables (long cells wrap), the backtest report, the
+lineage tree. A query's answer is drawn by `workbench.table`, without Rich.
 
 Every string that came from a user or a log (run ids, paths, tags, rule ids) is escaped, so
 that `[` in a name is text, never Rich markup.
@@ -6,8 +7,6 @@ that `[` in a name is text, never Rich markup.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import sys
 from typing import TYPE_CHECKING
@@ -19,10 +18,6 @@ from rich.tree import Tree
 
 if TYPE_CHECKING:
     import polars as pl
-
-# a table shows this many rows at most, the first and last halves (DuckDB's CLI does the same):
-# 10k rows through Rich's layout take seconds, and nobody reads them there; CSV and JSON are whole
-MAX_TABLE_ROWS = 40
 
 
 def _out() -> Console:
@@ -42,27 +37,6 @@ def frame(df: pl.DataFrame, fmt: str) -> None:
         for row in df.iter_rows():
             table.add_row(*["" if v is None else escape(str(v)) for v in row])
         _out().print(table, crop=False)
-
-
-def query_text(text: str, fmt: str) -> None:
-    """DuckDB's CSV or JSON text as it came, or (table) that CSV as a table; row count to stderr."""
-    if fmt != "table":
-        sys.stdout.write(text)
-        return
-    rows = list(csv.reader(io.StringIO(text)))
-    header, body = (rows[0], rows[1:]) if rows else ([], [])
-    table = Table(header_style="bold")
-    for name in header:
-        table.add_column(escape(name), no_wrap=True, overflow="ellipsis")
-    half = MAX_TABLE_ROWS // 2
-    shown = body if len(body) <= MAX_TABLE_ROWS else [*body[:half], None, *body[-half:]]
-    for r in shown:
-        table.add_row(*(map(escape, r) if r is not None else ["⋮"] * len(header)))
-    _out().print(table, crop=False)
-    if len(shown) < len(body):
-        print(f"({len(body)} rows, {MAX_TABLE_ROWS} shown; --format csv or json gives all)", file=sys.stderr)
-    else:
-        print(f"({len(body)} rows)", file=sys.stderr)
 
 
 def _fmt(x, pct: bool = False) -> str:

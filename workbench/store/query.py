@@ -25,11 +25,11 @@ def run_query(
     if isinstance(query, reads.Query):
         params = query.params or None
         query = query.sql
-    reads.one_select(query)
     con = store.connect(query)
     fd, tmp = tempfile.mkstemp(suffix="." + fmt)
     os.close(fd)
     try:
+        reads.one_select(query, con)
         options = "FORMAT json, ARRAY true" if fmt == "json" else "FORMAT csv, HEADER true"
         body = query.strip().rstrip(";")
         con.execute(f"COPY (\n{body}\n) TO {literal(tmp)} ({options})", params or [])

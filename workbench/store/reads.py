@@ -29,10 +29,11 @@ class QueryError(WorkbenchError):
     """A query DuckDB refused, or one that would change the store."""
 
 
-def one_select(sql: str) -> None:
-    """QueryError unless `sql` is exactly one SELECT (the store is read-only to queries)."""
+def one_select(sql: str, con: duckdb.DuckDBPyConnection) -> None:
+    """QueryError unless `sql` is exactly one SELECT (the store is read-only to queries); parsed
+    by `con` (DuckDB's module-level parser starts a database of its own: 20-40 ms of a command)."""
     try:
-        stmts = duckdb.extract_statements(sql)
+        stmts = con.extract_statements(sql)
     except duckdb.Error as e:
         raise QueryError(str(e)) from None
     if len(stmts) != 1:

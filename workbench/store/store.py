@@ -23,6 +23,7 @@ import workbench.store.layout as layout
 import workbench.store.leases as leases
 import workbench.store.locks as locks
 import workbench.store.reads as reads
+import workbench.store.table_cache as table_cache
 import workbench.store.views as views
 from workbench.errors import StoreError, WorkbenchError
 from workbench.store.layout import store_path
@@ -104,13 +105,14 @@ class Store:
             )
         return gen
 
-    def _open(self, gen: Path, query: str | None) -> duckdb.DuckDBPyConnection:
+    def _open(self, gen: Path, query: str | None, use_kept: bool = True) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect(":memory:", config=duckdb_config())
         # DuckDB draws a progress bar on stdout for a query past 2 s, into a script's output
         con.execute("SET enable_progress_bar = false")
         if query is not None and views.reads_no_view(query):
             con.execute("SET lock_configuration = true")
             return con
+        made = None
         try:
             cols = views.table_columns(con, gen)
             parts = views.listed_parts(con, self.root, gen, cols)  # a damaged table: DuckDB's error
@@ -118,27 +120,34 @@ class Store:
                 con.close()
                 raise StoreError(integrity.damage_message(self.root, damage))
             stmts = views.view_statements(self.root, gen, con, parts)
-            if query is None:
-                stmts = views.tabled(stmts)
-            else:
-                stmts = views.tabled(views.needed(stmts, query), views.TABLED_ONE_SHOT)
-            for stmt in stmts:
+            tabled = views.TABLED if query is None else views.TABLED_ONE_SHOT
+            made = table_cache.plan(con, stmts, query, tabled, gen, use_kept)
+            for stmt in made.statements:
                 con.execute(stmt)
         except (duckdb.Error, OSError) as e:
             con.close()
+            if made is not None and made.reads:  # a kept table that cannot be read: compute them all
+                table_cache.forget(made.reads)
+                return self._open(gen, query, use_kept=False)
             damage = integrity.verify_generation(self.root, gen)
             if damage:
                 raise StoreError(integrity.damage_message(self.root, damage)) from None
             raise StoreError(
                 f"the store at {self.root} is damaged: {str(e).splitlines()[0]}; {layout.repair_hint(self.root)}"
             ) from None
+        table_cache.save(con, made.saves)
         con.execute("SET lock_configuration = true")
         return con
 
-    def _ask(self, query: reads.Query, how: Callable[[duckdb.DuckDBPyRelation], T]) -> T:
-        """`how` applied to `query`'s answer, on a connection with only the views it reads."""
+    def _ask(
+        self, query: reads.Query, how: Callable[[duckdb.DuckDBPyRelation], T], one_select: bool = False
+    ) -> T:
+        """`how` applied to `query`'s answer, on a connection with only the views it reads;
+        `one_select`: QueryError unless the query is one SELECT."""
         con = self.connect(query.sql)
         try:
+            if one_select:
+                reads.one_select(query.sql, con)
             return how(query.on(con))
         finally:
             con.close()
@@ -152,9 +161,8 @@ class Store:
         QueryError for another statement or one DuckDB refuses."""
         if isinstance(sql, reads.Query):
             return self._ask(sql, lambda rel: rel.pl())
-        reads.one_select(sql)
         try:
-            return self._ask(reads.Query(sql, params or []), lambda rel: rel.pl())
+            return self._ask(reads.Query(sql, params or []), lambda rel: rel.pl(), one_select=True)
         except duckdb.Error as e:
             raise reads.query_error(self.root, e) from None
 

@@ -155,9 +155,10 @@ def view_statements(
         with duckdb.connect(":memory:", config=duckdb_config()) as own:
             return view_statements(root, gen, own, parts)
     cols = table_columns(con, gen)
-    stmts = [
+    stmts = [  # (the table of parts is read by `listed_parts`: `_parts` is the scalar parts' rows)
         f"CREATE OR REPLACE VIEW _{t} AS {_meta_sql(gen, t, sch, cols.get(t))}"
         for t, sch in {**schema.META_TABLES, **schema.DERIVED_TABLES}.items()
+        if t != "parts"
     ]
     if parts is None:
         parts = listed_parts(con, root, gen, cols)
@@ -313,6 +314,7 @@ def view_statements(
            FROM pts JOIN last_finite lf USING (run_id, metric)
            WHERE lf.step IS NOT NULL AND pts.step > lf.step
            GROUP BY ALL HAVING count(DISTINCT pts.step) >= 3 OR pts.metric = 'loss'""",
+        f"CREATE OR REPLACE VIEW _run_facts AS {run_facts_sql()}",
         f"CREATE OR REPLACE VIEW _run_status AS {run_status_sql()}",
         # manual labels win (the CLI over labels.toml); evidence gives auto labels to the rest
         f"""CREATE OR REPLACE VIEW _auto_labels AS
@@ -337,7 +339,8 @@ def view_statements(
            UNION ALL
            SELECT a.run_id, a.outcome, a.onset, a.kind, 'auto', 'from evidence in the logs', NULL, NULL::JSON
            FROM _auto_labels a WHERE a.run_id NOT IN (SELECT run_id FROM _labels)""",
-        """CREATE OR REPLACE VIEW _runs_base AS
+        # per run, what its files and points add up to (all but the status, which reads the clock)
+        """CREATE OR REPLACE VIEW _run_totals AS
            WITH pts AS (
                SELECT c.run_id, sum(ct.points) AS points, count(DISTINCT ct.tag) AS tags,
                       min(ct.min_step) AS first_step, max(ct.max_step) AS last_step
@@ -351,15 +354,17 @@ def view_statements(
            seg AS (SELECT run_id, count(*) AS segments FROM _file_order GROUP BY run_id),
            -- a step of a metric that two agreeing sources log is one point
            dup AS (SELECT run_id, sum(superseded) AS points FROM _agreement WHERE verdict = 'ok' GROUP BY run_id)
-           SELECT fl.run_id, rs.status, rs.evidence, fl.formats, fl.files, seg.segments,
+           SELECT fl.run_id, fl.formats, fl.files, seg.segments,
                   coalesce(pts.points, 0) - coalesce(dup.points, 0) AS points, coalesce(pts.tags, 0) AS tags,
                   pts.first_step, pts.last_step,
                   to_timestamp(fl.first_wall_time) AS started,
                   to_timestamp(fl.last_mtime_ns / 1e9) AS last_write,
                   fl.problems, rc.config, to_timestamp(fl.ingested_at) AS ingested_at
            FROM fl LEFT JOIN pts USING (run_id) LEFT JOIN seg USING (run_id) LEFT JOIN dup USING (run_id)
-           LEFT JOIN _run_config rc USING (run_id)
-           LEFT JOIN _run_status rs USING (run_id)""",
+           LEFT JOIN _run_config rc USING (run_id)""",
+        """CREATE OR REPLACE VIEW _runs_base AS
+           SELECT t.run_id, rs.status, rs.evidence, t.* EXCLUDE (run_id)
+           FROM _run_totals t LEFT JOIN _run_status rs USING (run_id)""",
         "CREATE OR REPLACE VIEW lineage AS SELECT * FROM _lineage",
         # a run whose continuation (another run) ended healthy was recovered; its label stays
         """CREATE OR REPLACE VIEW runs AS
@@ -406,7 +411,8 @@ def _words(sql: str) -> list[str]:
 VIEW_NAMES = frozenset(
     {"_" + t for t in (*schema.META_TABLES, *schema.DERIVED_TABLES)}
     | {"_agreeing", "_auto_labels", "_cutoffs", "_events", "_file_order", "_multi_source"}
-    | {"_nonfinite_tails", "_points", "_ranked_tags", "_run_status", "_runs_base", "_tag_metric"}
+    | {"_nonfinite_tails", "_points", "_ranked_tags", "_run_facts", "_run_status", "_run_totals"}
+    | {"_runs_base", "_tag_metric"}
     | {"agreement", "alerts", "checkpoints", "deliveries", "events", "file_tags", "files", "histograms"}
     | {"labels"}
     | {"lineage", "problems", "runs", "scalars", "scalars_all", "unmapped_tags"}
@@ -420,9 +426,10 @@ VIEW_NAMES = frozenset(
 # them tables before its derived tables are written.
 TABLED_BEFORE_DERIVED = frozenset({"_tag_metric", "_file_order", "_cutoffs", "_multi_source"})
 TABLED = TABLED_BEFORE_DERIVED | {"_agreeing", "_ranked_tags"}
-# and for a one-shot query, the chain under `runs` and `labels` as well (computed at once; they
-# read the clock, so a connection that lives on keeps them views)
-TABLED_ONE_SHOT = TABLED | {"_nonfinite_tails", "_run_status", "_auto_labels", "labels", "_runs_base"}
+# and for a one-shot query, the chain under `runs` and `labels` as well (computed at once;
+# `_run_status` reads the clock, so a connection that lives on keeps them views)
+TABLED_ONE_SHOT = TABLED | {"_nonfinite_tails", "_run_facts", "_run_totals", "_auto_labels", "labels"}
+TABLED_ONE_SHOT |= {"_run_status", "_runs_base"}
 
 
 def tabled(stmts: list[str], names: frozenset[str] = TABLED) -> list[str]:
@@ -441,22 +448,53 @@ def reads_no_view(query: str) -> bool:
     return VIEW_NAMES.isdisjoint(_words(query))
 
 
-def needed(stmts: list[str], query: str) -> list[str]:
-    """The statements of the views `query` may read, and of those they read in turn (a word of
-    the query or of a view's text that names a view): a query that reads no view creates none."""
-    by_name = {}
+def statement_graph(stmts: list[str]) -> dict[str, tuple[str, str, list[str]]]:
+    """Each statement by the lower-case name of the view it creates: (that name as written, the
+    statement, the names of views its text reads)."""
+    graph = {}
     for s in stmts:
         m = _VIEW_NAME.match(s)
         assert m is not None, s  # every statement creates a view
-        by_name[m[1].lower()] = (s, _words(s[m.end() :]))
-    todo = [w for w in _words(query) if w in by_name]
+        graph[m[1].lower()] = (m[1], s, [w for w in _words(s[m.end() :]) if w != m[1].lower()])
+    return {name: (written, s, [w for w in deps if w in graph]) for name, (written, s, deps) in graph.items()}
+
+
+def needed(stmts: list[str], query: str, leaves: frozenset[str] = frozenset()) -> list[str]:
+    """The statements of the views `query` may read, and of those they read in turn (a word of
+    the query or of a view's text that names a view), except what `leaves` read: a query that
+    reads no view creates none."""
+    graph = statement_graph(stmts)
+    todo = [w for w in _words(query) if w in graph]
     want = set()
     while todo:
         name = todo.pop()
         if name not in want:
             want.add(name)
-            todo += [w for w in by_name[name][1] if w in by_name]
-    return [s for name, (s, _) in by_name.items() if name in want]  # in order: views after what they read
+            if name not in leaves:
+                todo += graph[name][2]
+    return [s for name, (_, s, _) in graph.items() if name in want]  # in order: views after what they read
+
+
+def run_facts_sql() -> str:
+    """Per run, what its status is judged from, none of it read from the clock: its last record's
+    time, its strongest end-of-run evidence and its first metric that turned NaN/Inf to the end
+    (`run_status_sql`)."""
+    order = " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(schema.STATUS_EVIDENCE))
+    return f"""
+        WITH f AS (SELECT run_id, max(last_wall_time) AS last_record FROM _files WHERE format IS NOT NULL GROUP BY run_id),
+        -- evidence the run wrote on past (by over a minute: a resume, an add_hparams at the start) is stale
+        ev AS (SELECT e.run_id, e.status, e.message FROM _evidence e LEFT JOIN f USING (run_id)
+               WHERE e.wall_time IS NULL OR f.last_record IS NULL OR e.wall_time >= f.last_record - 60
+               QUALIFY row_number() OVER (PARTITION BY run_id
+                                          ORDER BY CASE status {order} END, step DESC NULLS LAST, path) = 1),
+        nonfinite AS (SELECT run_id, metric || ' is ' || value || ' from step ' || from_step::VARCHAR
+                             || ' to the end (' || n::VARCHAR || ' logged values)' AS message
+                      FROM _nonfinite_tails
+                      QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY from_step, metric) = 1)
+        SELECT f.run_id, f.last_record, ev.status AS ev_status, ev.message AS ev_message,
+               nonfinite.message AS nf_message
+        FROM f LEFT JOIN ev USING (run_id) LEFT JOIN nonfinite USING (run_id)
+    """
 
 
 def run_status_sql() -> str:
@@ -473,22 +511,8 @@ def run_status_sql() -> str:
     trainer_state.json of a checkpoint published alone), no evidence of how the run ended.
     Otherwise unknown.
     """
-    order = " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(schema.STATUS_EVIDENCE))
-    return f"""
-        WITH f AS (SELECT run_id, max(last_wall_time) AS last_record FROM _files WHERE format IS NOT NULL GROUP BY run_id),
-        -- evidence the run wrote on past (by over a minute: a resume, an add_hparams at the start) is stale
-        ev AS (SELECT e.run_id, e.status, e.message FROM _evidence e LEFT JOIN f USING (run_id)
-               WHERE e.wall_time IS NULL OR f.last_record IS NULL OR e.wall_time >= f.last_record - 60
-               QUALIFY row_number() OVER (PARTITION BY run_id
-                                          ORDER BY CASE status {order} END, step DESC NULLS LAST, path) = 1),
-        nonfinite AS (SELECT run_id, metric || ' is ' || value || ' from step ' || from_step::VARCHAR
-                             || ' to the end (' || n::VARCHAR || ' logged values)' AS message
-                      FROM _nonfinite_tails
-                      QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY from_step, metric) = 1),
-        facts AS (
-            SELECT f.run_id, epoch(now()) - f.last_record AS age_s,
-                   ev.status AS ev_status, ev.message AS ev_message, nonfinite.message AS nf_message
-            FROM f LEFT JOIN ev USING (run_id) LEFT JOIN nonfinite USING (run_id))
+    return """
+        WITH facts AS (SELECT *, epoch(now()) - last_record AS age_s FROM _run_facts)
         SELECT run_id,
           CASE
             WHEN ev_status = 'diverged' OR nf_message IS NOT NULL THEN 'diverged'

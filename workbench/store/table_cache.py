@@ -1,0 +1,155 @@
+"""Tables a reader computes from one generation, kept in the generation's folder for the next.
+
+A reading connection makes the small tables many views read (`views.TABLED`, and for a one-shot
+query `views.TABLED_ONE_SHOT`): per tag, file, chunk or run, a few kB. Computing them was most of
+a `workbench runs` (about 20 statements, 100 ms). A generation never changes, so the first reader
+that computes such a table saves it as Parquet in `<generation>/cache/<table>-<key>.parquet`,
+and later readers read that file instead, and nothing of what it was computed from.
+
+The key is a digest of the table's SQL and of the SQL of every view it reads in turn. That text
+names the generation's files, the parts, the aliases in force and this version's definition of
+each view, so a change to any of them gives a new key; so does a change to the size or
+modification time of one of the generation's table files (damage: read again, and found). A table whose SQL reads the clock (run
+status: `running?`) is never kept. The folder is removed with its generation. Saving is
+best-effort: a reader that cannot write to the store computes the tables as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+import workbench.store.views as views
+from workbench.store.sql import literal
+
+FOLDER = "cache"
+TYPES_KEY = "workbench_types"  # the table's DuckDB column types, in the file's key-value metadata
+_CLOCK = re.compile(
+    r"\b(now|today|random|uuid|gen_random_uuid|get_current_time|get_current_timestamp)\s*\(|\bcurrent_(timestamp|date|time)\b",
+    re.IGNORECASE,
+)
+
+
+@dataclass
+class Plan:
+    """The statements that make a connection's views; `saves`: the tables they compute that are
+    worth keeping, each with its file; `reads`: the kept files they read."""
+
+    statements: list[str]
+    saves: dict[str, Path] = field(default_factory=dict)
+    reads: list[Path] = field(default_factory=list)
+
+
+def plan(
+    con: duckdb.DuckDBPyConnection,
+    stmts: list[str],
+    query: str | None,
+    tabled: frozenset[str],
+    gen: Path,
+    use_kept: bool = True,
+) -> Plan:
+    """The statements of `views.view_statements` that `query` needs (all of them for None), those
+    named in `tabled` made tables, each read from its kept file where a reader saved one
+    (`use_kept`) and then without what it was computed from."""
+    graph = views.statement_graph(stmts)
+    # a generation's table file changed since it was written is damaged: a new key has it read
+    # again (and its damage found) rather than answered from what was kept
+    stamp = repr(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in gen.glob("*.parquet")))
+    keys: dict[str, str] = {}
+    clock: dict[str, bool] = {}
+
+    def visit(name: str) -> None:
+        if name in keys:
+            return
+        _, stmt, deps = graph[name]
+        for d in deps:
+            visit(d)
+        digest = hashlib.sha256(f"{duckdb.__version__}\n{stamp}\n{stmt}".encode())
+        for d in sorted(deps):
+            digest.update(keys[d].encode())
+        keys[name] = digest.hexdigest()[:24]
+        clock[name] = bool(_CLOCK.search(stmt)) or any(clock[d] for d in deps)
+
+    for name in graph:
+        visit(name)
+    keepable = {n: gen / FOLDER / f"{n}-{keys[n]}.parquet" for n in graph if n in tabled and not clock[n]}
+    types = _kept_types(con, [f for f in keepable.values() if f.exists()]) if use_kept else {}
+    kept = {n for n, f in keepable.items() if str(f) in types}
+    chosen = stmts if query is None else views.needed(stmts, query, leaves=frozenset(kept))
+    name_of = {stmt: name for name, (_, stmt, _) in graph.items()}
+    out = Plan([])
+    for stmt in chosen:
+        name = name_of[stmt]
+        written = graph[name][0]
+        if name in kept:
+            # Parquet has no type for some of DuckDB's (a HUGEINT sum comes back a DOUBLE: exact below
+            # 2^53): each column is cast back to the type it was saved from
+            cols = ", ".join(f"{quoted(c)}::{t} AS {quoted(c)}" for c, t in types[str(keepable[name])])
+            out.statements.append(
+                f"CREATE OR REPLACE TABLE {written} AS SELECT {cols} FROM read_parquet({literal(str(keepable[name]))})"
+            )
+            out.reads.append(keepable[name])
+            continue
+        out.statements += views.tabled([stmt], tabled)
+        if name in keepable:
+            out.saves[written] = keepable[name]
+    return out
+
+
+def _kept_types(con: duckdb.DuckDBPyConnection, files: list[Path]) -> dict[str, list[list[str]]]:
+    """The column types saved in each of `files`; a file without them, or one that cannot be
+    read, is left out (and removed: the next reader keeps the table again)."""
+    query = "SELECT file_name, decode(value) FROM parquet_kv_metadata(?) WHERE decode(key) = ?"
+    try:
+        rows = con.execute(query, [[str(f) for f in files], TYPES_KEY]).fetchall() if files else []
+    except duckdb.Error:  # one at a time, to know which
+        rows = []
+        for f in files:
+            try:
+                rows += con.execute(query, [str(f), TYPES_KEY]).fetchall()
+            except duckdb.Error:
+                forget([f])
+    return {file: json.loads(types) for file, types in rows}
+
+
+def quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def save(con: duckdb.DuckDBPyConnection, saves: dict[str, Path]) -> None:
+    """Write each computed table to its file (written whole, then renamed into place), and remove
+    the table's files of other keys; stops at the first that cannot be written."""
+    for table, path in saves.items():
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            path.parent.mkdir(exist_ok=True)
+            types = json.dumps(
+                con.execute(f"SELECT column_name, column_type FROM (DESCRIBE {table})").fetchall()
+            )
+            con.execute(
+                f"COPY {table} TO {literal(str(tmp))} (FORMAT parquet, KV_METADATA {{{TYPES_KEY}: {literal(types)}}})"
+            )
+            os.replace(tmp, path)
+        except (OSError, duckdb.Error):  # a store this reader may not write to, a full disk
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            return
+        for other in path.parent.glob(f"{table}-*.parquet"):
+            if other != path:
+                with contextlib.suppress(OSError):
+                    other.unlink()
+
+
+def forget(files: list[Path]) -> None:
+    """Remove kept files that could not be read (computed afresh by the next reader)."""
+    for f in files:
+        with contextlib.suppress(OSError):
+            f.unlink()
