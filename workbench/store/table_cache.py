@@ -79,11 +79,12 @@ def plan(
         clock[name] = bool(_CLOCK.search(stmt)) or any(clock[d] for d in deps)
 
     for name in graph:
-        visit(name)
+        if name in tabled:
+            visit(name)
     keepable = {n: gen / FOLDER / f"{n}-{keys[n]}.parquet" for n in graph if n in tabled and not clock[n]}
     types = _kept_types(con, [f for f in keepable.values() if f.exists()]) if use_kept else {}
     kept = {n for n, f in keepable.items() if str(f) in types}
-    chosen = stmts if query is None else views.needed(stmts, query, leaves=frozenset(kept))
+    chosen = stmts if query is None else views.needed(graph, query, leaves=frozenset(kept))
     name_of = {stmt: name for name, (_, stmt, _) in graph.items()}
     out = Plan([])
     for stmt in chosen:

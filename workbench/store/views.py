@@ -459,11 +459,12 @@ def statement_graph(stmts: list[str]) -> dict[str, tuple[str, str, list[str]]]:
     return {name: (written, s, [w for w in deps if w in graph]) for name, (written, s, deps) in graph.items()}
 
 
-def needed(stmts: list[str], query: str, leaves: frozenset[str] = frozenset()) -> list[str]:
-    """The statements of the views `query` may read, and of those they read in turn (a word of
-    the query or of a view's text that names a view), except what `leaves` read: a query that
-    reads no view creates none."""
-    graph = statement_graph(stmts)
+def needed(
+    graph: dict[str, tuple[str, str, list[str]]], query: str, leaves: frozenset[str] = frozenset()
+) -> list[str]:
+    """The statements (of a `statement_graph`) of the views `query` may read, and of those they
+    read in turn (a word of the query or of a view's text that names a view), except what
+    `leaves` read: a query that reads no view creates none."""
     todo = [w for w in _words(query) if w in graph]
     want = set()
     while todo:
