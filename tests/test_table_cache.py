@@ -51,8 +51,10 @@ def answers(store) -> dict:
     return out
 
 
-def kept(store) -> dict[str, str]:
-    return {p.name.rsplit("-", 1)[0]: p.name for p in (store.live_generation() / FOLDER).glob("*.parquet")}
+def kept(store) -> dict[str, tuple[str, int]]:
+    """Each kept table's file and its modification time (a table computed again is written again)."""
+    files = (store.live_generation() / FOLDER).glob("*.parquet")
+    return {p.name.rsplit("-", 1)[0]: (p.name, p.stat().st_mtime_ns) for p in files}
 
 
 def test_kept_tables_answer_as_computed_ones_in_every_view(store):
@@ -60,7 +62,7 @@ def test_kept_tables_answer_as_computed_ones_in_every_view(store):
     tables = kept(store)
     assert set(tables) == {n for n in views.TABLED_ONE_SHOT if n not in ("_run_status", "_runs_base")}
     warm = answers(store)
-    assert warm == cold and kept(store) == tables
+    assert warm == cold and kept(store) == tables  # read from the files, none computed again
     assert cold["scalars"][1][0][0] > 10_000 and cold["runs"][1][0][0] == len(RUNS)
 
 
@@ -73,7 +75,7 @@ def test_a_table_that_reads_the_clock_is_never_kept(store):
 
 def test_a_kept_file_that_cannot_be_read_is_computed_again_and_replaced(store):
     before = cli("runs", "--format", "csv", store=store).stdout
-    damaged = store.live_generation() / FOLDER / kept(store)["_run_totals"]
+    damaged = store.live_generation() / FOLDER / kept(store)["_run_totals"][0]
     damaged.write_bytes(b"PAR1 not a parquet file PAR1")
     assert cli("runs", "--format", "csv", store=store).stdout == before
     assert damaged.read_bytes().startswith(b"PAR1") and damaged.stat().st_size > 100
@@ -81,7 +83,7 @@ def test_a_kept_file_that_cannot_be_read_is_computed_again_and_replaced(store):
 
 def test_a_kept_file_whose_rows_cannot_be_read_as_saved_is_computed_again(store):
     before = cli("runs", "--format", "csv", store=store).stdout
-    wrong = store.live_generation() / FOLDER / kept(store)["_run_facts"]
+    wrong = store.live_generation() / FOLDER / kept(store)["_run_facts"][0]
     types = '[["no_such_column", "BIGINT"]]'  # readable, but not the table it says it is
     duckdb.execute(
         f"COPY (SELECT 1 AS x) TO '{wrong}' (FORMAT parquet, KV_METADATA {{{TYPES_KEY}: '{types}'}})"

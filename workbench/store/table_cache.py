@@ -62,7 +62,7 @@ def plan(
     graph = views.statement_graph(stmts)
     # a generation's table file changed since it was written is damaged: a new key has it read
     # again (and its damage found) rather than answered from what was kept
-    stamp = repr(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in gen.glob("*.parquet")))
+    stamp = repr(sorted((p.name, (st := p.stat()).st_size, st.st_mtime_ns) for p in gen.glob("*.parquet")))
     keys: dict[str, str] = {}
     clock: dict[str, bool] = {}
 
