@@ -3,7 +3,8 @@
 Builds a store of N runs x S steps x 8 dense metrics (+ a sparse eval loss every 100 steps):
 noisy decaying losses with injected failures (attention collapse, dead FFN, memory jumps,
 spikes) in a tenth of the runs. Then:
-- engine: `workbench.replay` over every run, in batches of runs (polars);
+- engine: `replay_batches` over every run, as `workbench replay` runs it less storing the alerts
+  (batches of runs, each loaded once while the last is evaluated, its rules a thread per core);
 - peer: the guides' approach, a per-step loop over each run that keeps windows and streak
   counters per rule (as their AutoRecoveryManager / TBAlertManager do), on a subset of runs;
 - checks that the two produce identical alerts on that subset.
@@ -32,7 +33,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from synthetic import write_run  # noqa: E402
 
 from detectors import replay  # noqa: E402
-from detectors.engine import evaluate  # noqa: E402
 from detectors.rules import load_rule_file  # noqa: E402
 from workbench.store import Store  # noqa: E402
 from workbench.store.points import Points  # noqa: E402
@@ -262,15 +262,13 @@ def main() -> None:
     total = args.runs * (args.steps * len(TAGS) + args.steps // 100)
 
     t0 = time.perf_counter()
-    engine_alerts = []
-    # batched as `workbench replay` batches them
-    for data in replay.prefetched(store, replay.batches(store, None, whole_groups=replay.needs_peers(rules))):
-        for rule in rules:
-            engine_alerts.append(evaluate(rule, data)[0])
+    # what `workbench replay` runs, less storing the alerts: its batches, each loaded once
+    groups = replay.batches(store, None, whole_groups=replay.needs_peers(rules))
+    done = replay.replay_batches(store, rules, groups)
     t_engine = time.perf_counter() - t0
     import polars as pl
 
-    engine = pl.concat(engine_alerts)
+    engine = pl.concat([d.alerts for d in done])
 
     data = replay.load(store, [f"run_{i:03d}" for i in range(args.loop_runs)])
     t0 = time.perf_counter()

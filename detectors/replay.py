@@ -8,6 +8,7 @@ backtest of many rules reads every run once. `replay` stores the alerts it finds
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -138,25 +139,36 @@ def replay_batches(
     on_batch: Callable[[SeriesData], None] | None = None,
 ) -> list[RuleReplay]:
     """Every rule over every batch of runs; each batch is loaded once for all of them (and
-    handed to `on_batch` first, for callers that need more of it)."""
+    handed to `on_batch` first, for callers that need more of it). The rules of a batch are
+    evaluated in a thread per core while the next batch loads: the window kernels and polars
+    run without the GIL. Rules share the batch's cached series and leaves, and two threads that
+    compute the same one get the same values."""
     parts: list[list[pl.DataFrame]] = [[] for _ in rules]
     runs_ok: list[list[str]] = [[] for _ in rules]
     errors: list[str | None] = [None] * len(rules)
-    for data in prefetched(store, groups):
-        if on_batch is not None:
-            on_batch(data)
-        for i, rule in enumerate(rules):
-            try:
-                alerts, ok = evaluate(rule, data)
-            except ReplayError as e:
-                errors[i] = errors[i] or str(e)
-                continue
-            parts[i].append(alerts)
-            runs_ok[i] += ok
+    with ThreadPoolExecutor(min(len(rules), os.cpu_count() or 1) or 1, thread_name_prefix="rule") as pool:
+        for data in prefetched(store, groups):
+            if on_batch is not None:
+                on_batch(data)
+            for i, (alerts, ok, err) in enumerate(pool.map(evaluated, rules, [data] * len(rules))):
+                if alerts is None:
+                    errors[i] = errors[i] or err
+                    continue
+                parts[i].append(alerts)
+                runs_ok[i] += ok
     return [
         RuleReplay(pl.concat(a) if a else pl.DataFrame(schema=ALERT_SCHEMA), ok, None if ok else err)
         for a, ok, err in zip(parts, runs_ok, errors, strict=True)
     ]
+
+
+def evaluated(rule: Rule, data: SeriesData) -> tuple[pl.DataFrame | None, list[str], str | None]:
+    """A rule over one batch: (alerts, runs where it was evaluable, None), or (None, [], why not)."""
+    try:
+        alerts, ok = evaluate(rule, data)
+    except ReplayError as e:
+        return None, [], str(e)
+    return alerts, ok, None
 
 
 ReplayTask = tuple[str, list[Rule], list[str], bool]
@@ -168,15 +180,7 @@ def replay_task(task: ReplayTask) -> tuple[list[tuple[pl.DataFrame | None, list[
     batch's logged steps per run (what a backtest counts false alarms against)."""
     root, rules, runs, steps = task
     data = load(Store(root), runs)
-    out: list[tuple[pl.DataFrame | None, list[str], str | None]] = []
-    for rule in rules:
-        try:
-            alerts, ok = evaluate(rule, data)
-        except ReplayError as e:
-            out.append((None, [], str(e)))
-            continue
-        out.append((alerts, ok, None))
-    return out, data.logged_steps() if steps else {}
+    return [evaluated(rule, data) for rule in rules], data.logged_steps() if steps else {}
 
 
 def replay_on(
