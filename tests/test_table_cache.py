@@ -5,6 +5,7 @@ afresh."""
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 import pytest
@@ -123,3 +124,24 @@ def test_a_generation_table_changed_since_it_was_written_is_read_again_and_refus
     table.write_bytes(bytes(data))
     r = cli("sql", "SELECT count(*) FROM scalars", store=store)
     assert r.exit_code == 1 and "files.parquet" in r.stderr and "workbench check" in r.stderr
+
+
+def test_readers_that_keep_the_same_tables_at_once_leave_whole_files(store):
+    def runs() -> list:
+        con = store.connect("SELECT * FROM runs")
+        try:
+            return sorted(con.sql("SELECT * EXCLUDE (evidence, status) FROM runs").fetchall())
+        finally:
+            con.close()
+
+    want = runs()
+    shutil.rmtree(store.live_generation() / FOLDER)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: runs(), range(8)))
+    assert all(g == want for g in got)
+    folder = store.live_generation() / FOLDER
+    assert not list(folder.glob(".*"))  # no file left half written
+    assert {"_run_facts", "_run_totals", "labels", "_auto_labels", "_nonfinite_tails"} <= set(kept(store))
+    assert runs() == want and all(
+        duckdb.sql(f"SELECT count(*) FROM '{f}'").fetchall() for f in folder.iterdir()
+    )
