@@ -5,7 +5,7 @@ Peer: what a user runs without `watch`, the loop `workbench ingest` + `workbench
 interval (the same library calls), which replays each run whole at every poll.
 
 1. Latency and CPU: a writer process appends JSONL steps (loss and grad_norm every step, eval
-   loss every 50) at --rate steps/s, with a loss spike every 1.5 s. `workbench watch` (the
+   loss every 50) at --rate steps/s, with a loss spike (three steps high) every 1.5 s. `workbench watch` (the
    `Watch` loop: file-system events, --interval 1) follows it for --seconds with the default
    rules (built-ins and the guides' set); latency = the time the `loss_spike` alert was raised
    minus the time its line was written (the writer notes it). CPU: this process's CPU time per
@@ -50,7 +50,9 @@ t0 = time.time()
 step = start
 with open(path, "a") as f, open(spikes, "w") as s:
     while time.time() - t0 < seconds:
-        spike = step % int(1.5 * rate) == 0 and step - start > 150
+        # three steps high: `loss_spike` flags a spike that lasts (for_steps = 2), not one bad batch
+        phase = step % int(1.5 * rate)
+        spike = phase < 3 and step - start > 150
         rec = {"step": step, "loss": 2 + math.exp(-step / 5000) + rng.gauss(0, 0.02) + (10 if spike else 0),
                "grad_norm": math.exp(rng.gauss(0, 0.2))}
         if step % 50 == 0:
@@ -58,7 +60,7 @@ with open(path, "a") as f, open(spikes, "w") as s:
         f.write(json.dumps(rec) + "\n")
         f.flush()
         if spike:
-            s.write(f"{step} {time.time()}\n")
+            s.write(f"{step - phase} {step} {time.time()}\n")
             s.flush()
         step += 1
         time.sleep(max(0.0, t0 + (step - start) / rate - time.time()))
@@ -152,8 +154,19 @@ def latency(tmp: Path, seconds: float, rate: float, interval: float, peer: bool)
         t.join()
     writer.wait()
     cpu = cpu_s() - c0
-    written = {int(a): float(b) for a, b in (ln.split() for ln in spikes.read_text().splitlines())}
-    lat = np.array([raised[s] - t for s, t in written.items() if s in raised])
+    written: dict[
+        int, list[tuple[int, float]]
+    ] = {}  # spike's first step -> (step, time written) of its steps
+    for first, step, at in (ln.split() for ln in spikes.read_text().splitlines()):
+        written.setdefault(int(first), []).append((int(step), float(at)))
+    # from the line that completed the alert's condition (the step it fired at) to its raising
+    lat = np.array(
+        [
+            next(raised[s] - t for s, t in steps if s in raised)
+            for steps in written.values()
+            if any(s in raised for s, _ in steps)
+        ]
+    )
     n_points = 2 * (len((run / "metrics.jsonl").read_text().splitlines()) - 200)  # loss, grad_norm
     return {
         "spikes": len(written),
