@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,3 +60,22 @@ def test_every_line_is_as_wide_as_the_others_and_fits_the_terminal(header, rows,
     assert len(widths) == 1
     if width is not None and width >= 4 * len(header) + 1:  # room for one cell per column
         assert widths.pop() <= width
+
+
+def test_columns_that_cannot_keep_eight_cells_give_way_to_ellipses():
+    header = ["run_id", "status", "formats", "files", "evidence"]
+    rows = [["attention_collapse", "recovered", "jsonl,tensorboard", "2", "continued by another run"]]
+    lines = table.draw(header, rows, width=50).splitlines()
+    assert lines[1] == "┃ run_id     ┃ status    ┃ formats   ┃ files ┃ … ┃"
+    assert lines[3] == "│ attention… │ recovered │ jsonl,te… │ 2     │ … │"
+    assert {len(line) for line in lines} == {50}
+    assert table.columns_shown(header, rows, 50) == 4 and table.columns_shown(header, rows, 500) == 5
+
+
+def test_a_terminal_table_says_which_columns_it_left_out(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setattr("shutil.get_terminal_size", lambda: os.terminal_size((40, 24)))
+    table.query_text("a_long_name,b_long_name,c_long_name,d_long_name\n1,2,3,4\n", "table")
+    out, err = capsys.readouterr()
+    assert "┃ …" in out and err == "(1 rows; 4 columns, 3 shown; --format csv or json gives all)\n"

@@ -1,8 +1,10 @@
 """A read command's answer as a box table on stdout: `workbench sql`, `runs`, `tags`.
 
 Drawn here rather than with Rich: importing Rich is a sixth of such a command's whole run.
-The table looks as Rich draws one (a heavy header). On a terminal it fits the width, cutting the
-widest cells with an ellipsis, and its header is bold. Piped output is never cut.
+The table looks as Rich draws one (a heavy header). On a terminal it fits the width: the widest
+cells are cut with an ellipsis, and when the columns cannot keep MIN_CELLS each, those on the
+right give way to a column of ellipses (as DuckDB's CLI does), said on stderr. Its header is
+bold. Piped output is never cut.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import unicodedata
 # nobody reads 10k rows in a terminal; CSV and JSON are whole
 MAX_TABLE_ROWS = 40
 ELLIPSIS = "…"
+MIN_CELLS = 8  # a column cut to fit a terminal keeps this many cells; past that, columns go
 
 
 def query_text(text: str, fmt: str) -> None:
@@ -32,11 +35,15 @@ def query_text(text: str, fmt: str) -> None:
     terminal = sys.stdout.isatty()
     width = shutil.get_terminal_size().columns if terminal else None
     bold = terminal and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
-    sys.stdout.write(draw(header, [r if r is not None else ["⋮"] * len(header) for r in shown], width, bold))
-    if len(shown) < len(body):
-        print(f"({len(body)} rows, {MAX_TABLE_ROWS} shown; --format csv or json gives all)", file=sys.stderr)
+    shown = [r if r is not None else ["⋮"] * len(header) for r in shown]
+    sys.stdout.write(draw(header, shown, width, bold))
+    cols = len(header) if width is None else columns_shown(header, shown, width)
+    rows_said = f"{len(body)} rows" + (f", {MAX_TABLE_ROWS} shown" if len(shown) < len(body) else "")
+    cols_said = f"; {len(header)} columns, {cols} shown" if cols < len(header) else ""
+    if rows_said.endswith("shown") or cols_said:
+        print(f"({rows_said}{cols_said}; --format csv or json gives all)", file=sys.stderr)
     else:
-        print(f"({len(body)} rows)", file=sys.stderr)
+        print(f"({rows_said})", file=sys.stderr)
 
 
 def draw(header: list[str], rows: list[list[str]], width: int | None = None, bold: bool = False) -> str:
@@ -45,8 +52,13 @@ def draw(header: list[str], rows: list[list[str]], width: int | None = None, bol
         return ""
     header = [visible(h) for h in header]
     rows = [[visible(c) for c in r] for r in rows]
-    widths = [max([cells(h), *(cells(r[i]) for r in rows)]) for i, h in enumerate(header)]
+    widths = natural_widths(header, rows)
     if width is not None:
+        kept = _kept_columns(widths, width)
+        if kept < len(header):  # the columns that do not fit give way to one of ellipses
+            header = [*header[:kept], ELLIPSIS]
+            rows = [[*r[:kept], ELLIPSIS] for r in rows]
+            widths = [*widths[:kept], 1]
         widths = fitted(widths, width - 3 * len(widths) - 1)
 
     def line(left: str, fill: str, mid: str, right: str) -> str:
@@ -64,8 +76,32 @@ def draw(header: list[str], rows: list[list[str]], width: int | None = None, bol
     return "".join(out)
 
 
+def natural_widths(header: list[str], rows: list[list[str]]) -> list[int]:
+    return [max([cells(h), *(cells(r[i]) for r in rows)]) for i, h in enumerate(header)]
+
+
+def columns_shown(header: list[str], rows: list[list[str]], width: int) -> int:
+    """How many columns, from the left, a table `width` cells wide shows."""
+    return _kept_columns(
+        natural_widths([visible(h) for h in header], [[visible(c) for c in r] for r in rows]), width
+    )
+
+
+def _kept_columns(widths: list[int], width: int) -> int:
+    """Columns kept from the left so that each keeps MIN_CELLS (or its own width, if less),
+    with one more column of ellipses where some are left out; one at least."""
+    kept = len(widths)
+    while kept > 1:
+        ellipsis = 4 if kept < len(widths) else 0  # its cell, its padding and its bar
+        if sum(min(w, MIN_CELLS) for w in widths[:kept]) + 3 * kept + 1 + ellipsis <= width:
+            break
+        kept -= 1
+    return kept
+
+
 def fitted(widths: list[int], room: int) -> list[int]:
-    """Column widths within `room` cells, the widest cut first (one cell each at least)."""
+    """Column widths within `room` cells, the widest cut first (one cell each at least), all of
+    the room used."""
     if sum(widths) <= room:
         return widths
     lo, hi = 1, max(widths)  # the largest cap under which the columns fit
@@ -75,7 +111,13 @@ def fitted(widths: list[int], room: int) -> list[int]:
             lo = cap
         else:
             hi = cap - 1
-    return [min(w, lo) for w in widths]
+    out = [min(w, lo) for w in widths]
+    spare = room - sum(out)  # fewer cells than the cut columns: one more each, from the left
+    for i, w in enumerate(widths):
+        if spare > 0 and w > lo:
+            out[i] += 1
+            spare -= 1
+    return out
 
 
 _ESCAPED = {"Cc", "Zl", "Zp"}  # Unicode categories: control characters, line and paragraph separators
