@@ -69,7 +69,7 @@ def test_columns_that_cannot_keep_eight_cells_give_way_to_ellipses():
     assert lines[1] == "┃ run_id     ┃ status    ┃ formats   ┃ files ┃ … ┃"
     assert lines[3] == "│ attention… │ recovered │ jsonl,te… │ 2     │ … │"
     assert {len(line) for line in lines} == {50}
-    assert table.columns_shown(header, rows, 50) == 4 and table.columns_shown(header, rows, 500) == 5
+    assert table.fit(header, rows, 50)[3] == 4 and table.fit(header, rows, 500)[3] == 5
 
 
 def test_a_terminal_table_says_which_columns_it_left_out(monkeypatch, capsys):

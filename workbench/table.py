@@ -36,8 +36,8 @@ def query_text(text: str, fmt: str) -> None:
     width = shutil.get_terminal_size().columns if terminal else None
     bold = terminal and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
     shown = [r if r is not None else ["⋮"] * len(header) for r in shown]
-    sys.stdout.write(draw(header, shown, width, bold))
-    cols = len(header) if width is None else columns_shown(header, shown, width)
+    cells_shown, rows_shown, widths, cols = fit(header, shown, width)
+    sys.stdout.write(box(cells_shown, rows_shown, widths, bold))
     rows_said = f"{len(body)} rows" + (f", {MAX_TABLE_ROWS} shown" if len(shown) < len(body) else "")
     cols_said = f"; {len(header)} columns, {cols} shown" if cols < len(header) else ""
     if rows_said.endswith("shown") or cols_said:
@@ -48,18 +48,34 @@ def query_text(text: str, fmt: str) -> None:
 
 def draw(header: list[str], rows: list[list[str]], width: int | None = None, bold: bool = False) -> str:
     """The table's text, one line per row; `width`: fit the table in that many columns."""
-    if not header:
-        return ""
+    return box(*fit(header, rows, width)[:3], bold) if header else ""
+
+
+def fit(
+    header: list[str], rows: list[list[str]], width: int | None
+) -> tuple[list[str], list[list[str]], list[int], int]:
+    """The header and rows as shown (escaped; the columns that do not fit give way to one of
+    ellipses), each column's width, and how many of the columns are shown."""
     header = [visible(h) for h in header]
     rows = [[visible(c) for c in r] for r in rows]
-    widths = natural_widths(header, rows)
-    if width is not None:
-        kept = _kept_columns(widths, width)
-        if kept < len(header):  # the columns that do not fit give way to one of ellipses
-            header = [*header[:kept], ELLIPSIS]
-            rows = [[*r[:kept], ELLIPSIS] for r in rows]
-            widths = [*widths[:kept], 1]
-        widths = fitted(widths, width - 3 * len(widths) - 1)
+    widths = [max([cells(h), *(cells(r[i]) for r in rows)]) for i, h in enumerate(header)]
+    kept = len(header)
+    if width is None:
+        return header, rows, widths, kept
+    while kept > 1:  # each column keeps MIN_CELLS (or its own width, if less), or columns go
+        ellipsis = 4 if kept < len(widths) else 0  # its cell, its padding and its bar
+        if sum(min(w, MIN_CELLS) for w in widths[:kept]) + 3 * kept + 1 + ellipsis <= width:
+            break
+        kept -= 1
+    if kept < len(header):
+        header = [*header[:kept], ELLIPSIS]
+        rows = [[*r[:kept], ELLIPSIS] for r in rows]
+        widths = [*widths[:kept], 1]
+    return header, rows, fitted(widths, width - 3 * len(widths) - 1), kept
+
+
+def box(header: list[str], rows: list[list[str]], widths: list[int], bold: bool = False) -> str:
+    """Cells drawn in a box, as Rich draws a table (a heavy header), each cut to its column's width."""
 
     def line(left: str, fill: str, mid: str, right: str) -> str:
         return left + mid.join(fill * (w + 2) for w in widths) + right + "\n"
@@ -74,29 +90,6 @@ def draw(header: list[str], rows: list[list[str]], width: int | None = None, bol
     out += [row(r, "│") for r in rows]
     out.append(line("└", "─", "┴", "┘"))
     return "".join(out)
-
-
-def natural_widths(header: list[str], rows: list[list[str]]) -> list[int]:
-    return [max([cells(h), *(cells(r[i]) for r in rows)]) for i, h in enumerate(header)]
-
-
-def columns_shown(header: list[str], rows: list[list[str]], width: int) -> int:
-    """How many columns, from the left, a table `width` cells wide shows."""
-    return _kept_columns(
-        natural_widths([visible(h) for h in header], [[visible(c) for c in r] for r in rows]), width
-    )
-
-
-def _kept_columns(widths: list[int], width: int) -> int:
-    """Columns kept from the left so that each keeps MIN_CELLS (or its own width, if less),
-    with one more column of ellipses where some are left out; one at least."""
-    kept = len(widths)
-    while kept > 1:
-        ellipsis = 4 if kept < len(widths) else 0  # its cell, its padding and its bar
-        if sum(min(w, MIN_CELLS) for w in widths[:kept]) + 3 * kept + 1 + ellipsis <= width:
-            break
-        kept -= 1
-    return kept
 
 
 def fitted(widths: list[int], room: int) -> list[int]:
