@@ -67,6 +67,10 @@ def test_kept_tables_answer_as_computed_ones_in_every_view(store):
     assert cold["scalars"][1][0][0] > 10_000 and cold["runs"][1][0][0] == len(RUNS)
 
 
+def test_an_ingest_keeps_the_tables_every_connection_makes(ingested):
+    assert set(kept(ingested)) == set(views.TABLED)  # written with catalog.duckdb, read by no one yet
+
+
 def test_a_table_that_reads_the_clock_is_never_kept(store):
     cli("runs", store=store)
     assert (

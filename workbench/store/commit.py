@@ -20,9 +20,10 @@ import polars as pl
 
 import workbench.store.layout as layout
 import workbench.store.schema as schema
+import workbench.store.table_cache as table_cache
 from workbench.errors import StoreError
 from workbench.store.sql import duckdb_config
-from workbench.store.views import TABLED_BEFORE_DERIVED, table_view, tabled, view_statements
+from workbench.store.views import TABLED, TABLED_BEFORE_DERIVED, table_view, tabled, view_statements
 
 # a table computed from a generation before it is published (lineage, source agreement), given
 # the views of the new generation, the table's rows in the previous one and the runs whose
@@ -154,9 +155,11 @@ def write_catalog(root: Path, gen: Path) -> None:
         con = duckdb.connect(str(tmp), config=duckdb_config())
         try:
             con.execute("BEGIN")  # one commit to the file, not one per view
-            for stmt in tabled(view_statements(root, gen)):
+            made = table_cache.plan(con, view_statements(root, gen), None, TABLED, gen)
+            for stmt in made.statements:
                 con.execute(stmt)
             con.execute("COMMIT")
+            table_cache.save(con, made.saves)  # kept for the generation's first reader too
         finally:
             con.close()
         os.replace(tmp, root / "catalog.duckdb")
