@@ -4,14 +4,16 @@ A reading connection makes the small tables many views read (`views.TABLED`, and
 query `views.TABLED_ONE_SHOT`): per tag, file, chunk or run, a few kB. Computing them was most of
 a `workbench runs` (about 20 statements, 100 ms). A generation never changes, so the first reader
 that computes such a table saves it as Parquet in `<generation>/cache/<table>-<key>.parquet`,
-and later readers read that file instead, and nothing of what it was computed from.
+and later readers read that file instead, and nothing of what it was computed from. An ingest
+keeps `views.TABLED` as it writes catalog.duckdb (`commit.write_catalog`).
 
 The key is a digest of the table's SQL and of the SQL of every view it reads in turn. That text
 names the generation's files, the parts, the aliases in force and this version's definition of
 each view, so a change to any of them gives a new key; so does a change to the size or
-modification time of one of the generation's table files (damage: read again, and found). A table whose SQL reads the clock (run
-status: `running?`) is never kept. The folder is removed with its generation. Saving is
-best-effort: a reader that cannot write to the store computes the tables as before.
+modification time of one of the generation's table files (damage: read again, and found). A
+table whose SQL reads the clock (run status: `running?`) is never kept. The folder is removed
+with its generation. Saving is best-effort: a reader that cannot write to the store computes the
+tables as before.
 """
 
 from __future__ import annotations
