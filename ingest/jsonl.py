@@ -188,14 +188,16 @@ def _keys(line: str) -> set[str]:
     return set(rec) if isinstance(rec, dict) else set()
 
 
-def block_points(lines: list) -> tuple[Points, int, str] | None:
+def block_points(lines: list) -> tuple[Points, int, str, int] | None:
     """A block of flat JSON records with an integer step in every record, read at once with
     pyarrow: its points (in logged order, as `RecordsToPoints.add` would give them), its last
-    step and the key the steps came from; None for a block this cannot take as the line path would (nested objects, numbers in
-    strings, bare NaN, a record without a step, anything not JSON), read line by line instead."""
-    if len(lines) < FAST_MIN_LINES or not all(type(t) is str for t in lines):
+    step, the key the steps came from and its records; None for a block this cannot take as the
+    line path would (nested objects, numbers in strings, bare NaN, a record without a step,
+    anything not JSON), read line by line instead."""
+    if len(lines) < FAST_MIN_LINES or set(map(type, lines)) != {str}:  # (a LongLine is no str)
         return None
-    text = "\n".join(t for t in lines if t.strip())
+    blank = "" in map(str.strip, lines)
+    text = "\n".join(t for t in lines if t.strip()) if blank else "\n".join(lines)
     n = text.count("\n") + 1
     if text.count("{") != n:  # one flat object a line, nothing nested
         return None
@@ -246,7 +248,7 @@ def block_points(lines: list) -> tuple[Points, int, str] | None:
         unset &= ~take
     step = df[step_key].cast(pl.Int64).to_numpy()
     if not names:
-        return Points.empty(), int(step[-1]), step_key
+        return Points.empty(), int(step[-1]), step_key, n
     m = len(names)
     mask = np.stack(valid, axis=1).ravel()  # record-major: the order the records logged them
     return (
@@ -259,6 +261,7 @@ def block_points(lines: list) -> tuple[Points, int, str] | None:
         ),
         int(step[-1]),
         step_key,
+        n,
     )
 
 
@@ -272,11 +275,11 @@ class _JsonLinesParser(LineParser):
         got = block_points(lines)
         if got is None:
             return False
-        points, last, key = got
+        points, last, key, records = got
         self.fast.append(points)
         self.conv.last_step = last
         self.conv.took(key)
-        batch.records += sum(1 for t in lines if t.strip())
+        batch.records += records
         return True
 
     def feed(self, text: str, batch: Batch) -> None:

@@ -139,6 +139,12 @@ class FileResult:
     points: int = 0
     bytes_read: int = 0
 
+    def __getstate__(self) -> dict:  # (pickled: from a worker process to the writer)
+        return {**self.__dict__, "shared": [(r, c, store_parts.table_bytes(t)) for r, c, t in self.shared]}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, shared=[(r, c, store_parts.table_of(b)) for r, c, b in state["shared"]])
+
 
 _INGESTORS: dict[bool, dict[str, Ingestor]] = {}  # per process: ingestors hold compiled state
 _POOL: list[ThreadPoolExecutor] = []  # per process: writes parts while the next batch is decoded

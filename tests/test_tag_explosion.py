@@ -23,8 +23,8 @@ def test_a_block_of_records_with_new_keys_each_is_read_point_by_point():
     wide = [exploding(i, 200) for i in range(200)]
     assert block_points(wide) is None  # its table would hold 200 x 40,001 cells for 40,200 points
     narrow = [json.dumps({"step": i, "loss": 1.0, "lr": 0.1}) for i in range(200)]
-    points, last, key = block_points(narrow)
-    assert (len(points), last, key) == (400, 199, "step")  # the table path still
+    points, last, key, records = block_points(narrow)
+    assert (len(points), last, key, records) == (400, 199, "step", 200)  # the table path still
     # train and evaluation records by turns, a few keys each: still the table path
     mixed = [
         json.dumps({"step": i, **({"loss": 1.0} if i % 2 else {"eval_loss": 2.0, "eval_acc": 0.5})})
