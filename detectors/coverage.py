@@ -101,11 +101,15 @@ def missing_reasons(
     out: list[dict[str, str]] = [{} for _ in rules]
     for i in range(0, len(wanted), LOAD_RUNS):
         data = load(store, wanted[i : i + LOAD_RUNS], con)
+        subsets: dict[tuple[str, ...], SeriesData] = {}  # rules missing the same runs share them
         for k, rule in enumerate(rules):
-            mine = [r for r in data.runs if r in set(missing[k])]
+            lacking = set(missing[k])
+            mine = [r for r in data.runs if r in lacking]
             if not mine:
                 continue
-            why = _why(rule, _only(data, mine))
+            if tuple(mine) not in subsets:
+                subsets[tuple(mine)] = _only(data, mine)
+            why = _why(rule, subsets[tuple(mine)])
             out[k].update(
                 dict.fromkeys(mine, why)
                 if why
