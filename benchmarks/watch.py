@@ -154,19 +154,13 @@ def latency(tmp: Path, seconds: float, rate: float, interval: float, peer: bool)
         t.join()
     writer.wait()
     cpu = cpu_s() - c0
-    written: dict[
-        int, list[tuple[int, float]]
-    ] = {}  # spike's first step -> (step, time written) of its steps
+    # per spike, its steps and when each line was written; latency from the line that completed
+    # the alert's condition (the step it fired at) to the alert
+    written: dict[int, list[tuple[int, float]]] = {}
     for first, step, at in (ln.split() for ln in spikes.read_text().splitlines()):
         written.setdefault(int(first), []).append((int(step), float(at)))
-    # from the line that completed the alert's condition (the step it fired at) to its raising
-    lat = np.array(
-        [
-            next(raised[s] - t for s, t in steps if s in raised)
-            for steps in written.values()
-            if any(s in raised for s, _ in steps)
-        ]
-    )
+    firsts = [next(((s, t) for s, t in steps if s in raised), None) for steps in written.values()]
+    lat = np.array([raised[s] - t for s, t in filter(None, firsts)])
     n_points = 2 * (len((run / "metrics.jsonl").read_text().splitlines()) - 200)  # loss, grad_norm
     return {
         "spikes": len(written),

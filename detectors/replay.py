@@ -146,7 +146,8 @@ def replay_batches(
     parts: list[list[pl.DataFrame]] = [[] for _ in rules]
     runs_ok: list[list[str]] = [[] for _ in rules]
     errors: list[str | None] = [None] * len(rules)
-    with ThreadPoolExecutor(min(len(rules), os.cpu_count() or 1) or 1, thread_name_prefix="rule") as pool:
+    threads = max(1, min(len(rules), os.cpu_count() or 1))
+    with ThreadPoolExecutor(threads, thread_name_prefix="rule") as pool:
         for data in prefetched(store, groups):
             if on_batch is not None:
                 on_batch(data)

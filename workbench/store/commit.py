@@ -155,7 +155,7 @@ def write_catalog(root: Path, gen: Path) -> None:
         con = duckdb.connect(str(tmp), config=duckdb_config())
         try:
             con.execute("BEGIN")  # one commit to the file, not one per view
-            made = table_cache.plan(con, view_statements(root, gen), None, TABLED, gen)
+            made = table_cache.plan(con, view_statements(root, gen, con), None, TABLED, gen)
             for stmt in made.statements:
                 con.execute(stmt)
             con.execute("COMMIT")

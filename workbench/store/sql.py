@@ -24,6 +24,11 @@ def literal(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
+def identifier(name: str) -> str:
+    """A SQL quoted identifier (a column name)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def glob_literal(path: str, pattern: str = "") -> str:
     """A SQL string literal for a DuckDB glob: `path` + `pattern`, where the glob characters of
     `path` match only themselves (a store folder may be named `runs[1]`)."""

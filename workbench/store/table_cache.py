@@ -30,7 +30,7 @@ from pathlib import Path
 import duckdb
 
 import workbench.store.views as views
-from workbench.store.sql import literal
+from workbench.store.sql import identifier, literal
 
 FOLDER = "cache"
 TYPES_KEY = "workbench_types"  # the table's DuckDB column types, in the file's key-value metadata
@@ -86,16 +86,16 @@ def plan(
     keepable = {n: gen / FOLDER / f"{n}-{keys[n]}.parquet" for n in graph if n in tabled and not clock[n]}
     types = _kept_types(con, [f for f in keepable.values() if f.exists()]) if use_kept else {}
     kept = {n for n, f in keepable.items() if str(f) in types}
-    chosen = stmts if query is None else views.needed(graph, query, leaves=frozenset(kept))
-    name_of = {stmt: name for name, (_, stmt, _) in graph.items()}
+    chosen = list(graph) if query is None else views.needed(graph, query, leaves=frozenset(kept))
     out = Plan([])
-    for stmt in chosen:
-        name = name_of[stmt]
-        written = graph[name][0]
+    for name in chosen:
+        written, stmt, _ = graph[name]
         if name in kept:
             # Parquet has no type for some of DuckDB's (a HUGEINT sum comes back a DOUBLE: exact below
             # 2^53): each column is cast back to the type it was saved from
-            cols = ", ".join(f"{quoted(c)}::{t} AS {quoted(c)}" for c, t in types[str(keepable[name])])
+            cols = ", ".join(
+                f"{identifier(c)}::{t} AS {identifier(c)}" for c, t in types[str(keepable[name])]
+            )
             out.statements.append(
                 f"CREATE OR REPLACE TABLE {written} AS SELECT {cols} FROM read_parquet({literal(str(keepable[name]))})"
             )
@@ -121,10 +121,6 @@ def _kept_types(con: duckdb.DuckDBPyConnection, files: list[Path]) -> dict[str, 
             except duckdb.Error:
                 forget([f])
     return {file: json.loads(types) for file, types in rows}
-
-
-def quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def save(con: duckdb.DuckDBPyConnection, saves: dict[str, Path]) -> None:

@@ -470,9 +470,9 @@ def statement_graph(stmts: list[str]) -> dict[str, tuple[str, str, list[str]]]:
 def needed(
     graph: dict[str, tuple[str, str, list[str]]], query: str, leaves: frozenset[str] = frozenset()
 ) -> list[str]:
-    """The statements (of a `statement_graph`) of the views `query` may read, and of those they
-    read in turn (a word of the query or of a view's text that names a view), except what
-    `leaves` read: a query that reads no view creates none."""
+    """The views (names in a `statement_graph`) `query` may read, and those they read in turn (a
+    word of the query or of a view's text that names a view), except what `leaves` read: a query
+    that reads no view needs none."""
     todo = [w for w in _words(query) if w in graph]
     want = set()
     while todo:
@@ -481,7 +481,7 @@ def needed(
             want.add(name)
             if name not in leaves:
                 todo += graph[name][2]
-    return [s for name, (_, s, _) in graph.items() if name in want]  # in order: views after what they read
+    return [name for name in graph if name in want]  # in order: views after what they read
 
 
 def run_facts_sql() -> str:
