@@ -159,6 +159,19 @@ def test_runs_and_tags_commands(tbx_store):
     assert missing.returncode == 2 and "workbench runs" in missing.stderr and not missing.stdout
 
 
+def test_a_read_ends_at_once_with_its_whole_answer_and_no_lease_held(tbx_store):
+    """A read that printed its answer skips the interpreter's teardown (`cli.run`): all it
+    printed is there, its lease is let go, and a failure still ends as any other."""
+    query = "SELECT range AS i, 'row ' || range AS s FROM range(200000)"
+    lines = wb("sql", query, "--format", "csv", store=tbx_store, process=True).stdout.splitlines()
+    assert len(lines) == 200_001 and lines[-1] == "199999,row 199999"
+    p = wb("runs", "--format", "csv", store=tbx_store, process=True)
+    assert p.stdout == wb("runs", "--format", "csv", store=tbx_store).stdout and "run_a," in p.stdout
+    assert not list((tbx_store / "leases").glob("*.lease"))  # let go, not left for the next collection
+    bad = wb("sql", "SELECT nope FROM scalars", store=tbx_store, process=True, check=False)
+    assert bad.returncode == 1 and "nope" in bad.stderr and not bad.stdout
+
+
 @pytest.mark.parametrize(
     "args",
     [("sql", "select 1"), ("runs",), ("tags", "run_a"), ("sql", "select count(*) from scalars"), ("--help",)],

@@ -78,4 +78,4 @@ def test_a_terminal_table_says_which_columns_it_left_out(monkeypatch, capsys):
     monkeypatch.setattr("shutil.get_terminal_size", lambda: os.terminal_size((40, 24)))
     table.query_text("a_long_name,b_long_name,c_long_name,d_long_name\n1,2,3,4\n", "table")
     out, err = capsys.readouterr()
-    assert "┃ …" in out and err == "(1 rows; 4 columns, 3 shown; --format csv or json gives all)\n"
+    assert "┃ …" in out and err == "(1 row; 4 columns, 3 shown; --format csv or json gives all)\n"

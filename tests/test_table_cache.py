@@ -4,14 +4,17 @@ afresh."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import duckdb
 import pytest
 from conftest import SAMPLE_RUNS, cli, copy_store, ingest_paths
 
-from workbench.store import Store, views
+from workbench.store import Store, table_cache, views
 from workbench.store.table_cache import FOLDER, TYPES_KEY
 
 # a run resumed into another (recovered), a diverged one, one that completed, DeepSpeed's logs
@@ -61,26 +64,57 @@ def kept(store) -> dict[str, tuple[str, int]]:
 def test_kept_tables_answer_as_computed_ones_in_every_view(store):
     cold = answers(store)
     tables = kept(store)
-    assert set(tables) == {n for n in views.TABLED_ONE_SHOT if n not in ("_run_status", "_runs_base")}
+    assert set(tables) == set(views.TABLED_ONE_SHOT)
     warm = answers(store)
     assert warm == cold and kept(store) == tables  # read from the files, none computed again
+    assert len(plans(store)) == len(views.VIEW_NAMES)  # each query's plan, kept by the second
+    assert answers(store) == cold  # from the kept plans
     assert cold["scalars"][1][0][0] > 10_000 and cold["runs"][1][0][0] == len(RUNS)
+
+
+def plans(store) -> list[Path]:
+    return sorted((store.live_generation() / FOLDER).glob("plan-*.json"))
 
 
 def test_an_ingest_keeps_the_tables_every_connection_makes(ingested):
     assert set(kept(ingested)) == set(views.TABLED)  # written with catalog.duckdb, read by no one yet
 
 
-def test_a_table_that_reads_the_clock_is_never_kept(store):
-    cli("runs", store=store)
-    assert (
-        "_run_facts" in kept(store) and "_run_status" not in kept(store) and "_runs_base" not in kept(store)
-    )
+def test_a_table_that_reads_the_clock_is_never_kept(tmp_path):
+    con = duckdb.connect()
+    gen = tmp_path / "g00000001"
+    gen.mkdir()
+    stmts = [
+        "CREATE OR REPLACE VIEW a AS SELECT 1 AS x",
+        "CREATE OR REPLACE VIEW b AS SELECT x, now() AS t FROM a",
+        "CREATE OR REPLACE VIEW c AS SELECT * FROM b",
+    ]
+    made = table_cache.plan(con, stmts, "SELECT * FROM c", frozenset({"a", "b", "c"}), gen)
+    assert set(made.saves) == {"a"}  # b reads the clock, and c reads b
 
 
-def test_a_kept_file_that_cannot_be_read_is_computed_again_and_replaced(store):
-    before = cli("runs", "--format", "csv", store=store).stdout
-    damaged = store.live_generation() / FOLDER / kept(store)["_run_totals"][0]
+def test_a_live_run_reads_running_from_the_clock_at_each_read_not_from_what_was_kept(tmp_path):
+    run = tmp_path / "runs" / "live"
+    run.mkdir(parents=True)
+    now = time.time()
+    records = [{"step": s, "loss": 2.0 - s / 100, "time": now - 120 + s} for s in range(1, 60)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    store = Store(tmp_path / "store")
+    ingest_paths(store, run)
+    for _ in range(2):  # computed, then read from the kept tables
+        row = json.loads(cli("runs", "--format", "json", store=store).stdout)[0]
+        assert (row["run_id"], row["status"]) == ("live", "running?")
+        assert row["evidence"] == "no end-of-run evidence yet; last record 1 min ago"
+    kept_rows = duckdb.sql(f"SELECT status, open_ended FROM '{store.live_generation() / FOLDER}/_run_rows-*.parquet'")
+    assert kept_rows.fetchall() == [("unknown", True)]  # the kept table holds what the logs say, no clock
+
+
+@pytest.mark.parametrize("reads_before", [1, 2])  # 2: a plan that reads it is kept too
+def test_a_kept_file_that_cannot_be_read_is_computed_again_and_replaced(store, reads_before):
+    for _ in range(reads_before):
+        before = cli("runs", "--format", "csv", store=store).stdout
+    assert any((store.live_generation() / FOLDER).glob("plan-*.json")) == (reads_before == 2)
+    damaged = store.live_generation() / FOLDER / kept(store)["_run_rows"][0]
     damaged.write_bytes(b"PAR1 not a parquet file PAR1")
     assert cli("runs", "--format", "csv", store=store).stdout == before
     assert damaged.read_bytes().startswith(b"PAR1") and damaged.stat().st_size > 100
@@ -88,7 +122,7 @@ def test_a_kept_file_that_cannot_be_read_is_computed_again_and_replaced(store):
 
 def test_a_kept_file_whose_rows_cannot_be_read_as_saved_is_computed_again(store):
     before = cli("runs", "--format", "csv", store=store).stdout
-    wrong = store.live_generation() / FOLDER / kept(store)["_run_facts"][0]
+    wrong = store.live_generation() / FOLDER / kept(store)["_run_rows"][0]
     types = '[["no_such_column", "BIGINT"]]'  # readable, but not the table it says it is
     duckdb.execute(
         f"COPY (SELECT 1 AS x) TO '{wrong}' (FORMAT parquet, KV_METADATA {{{TYPES_KEY}: '{types}'}})"
@@ -108,16 +142,45 @@ def test_a_store_the_reader_cannot_write_to_is_read_as_before(store):
     assert r.exit_code == 0 and r.stdout == before
 
 
-def test_new_aliases_are_read_afresh_not_from_what_was_kept(store):
+def test_new_aliases_are_read_afresh_not_from_what_was_kept(store, tmp_path, monkeypatch):
     def metric_of(tag: str) -> str:
         rows = cli("tags", "healthy_hf_trainer", "--format", "csv", store=store).stdout.splitlines()
         return next(r.split(",")[1] for r in rows if r.startswith(tag + ","))
 
-    assert metric_of("eval_runtime") == ""
-    (store.root / "workbench.toml").write_text('[aliases]\neval_time = ["eval_runtime"]\n')
-    assert metric_of("eval_runtime") == "eval_time"
-    (store.root / "workbench.toml").unlink()
-    assert metric_of("eval_runtime") == ""
+    monkeypatch.chdir(tmp_path)
+    for toml, metric in [
+        (None, ""),
+        (store.root / "workbench.toml", "eval_time"),
+        (tmp_path / "workbench.toml", "eval_time"),  # the working folder's
+    ]:
+        if toml is not None:
+            toml.write_text('[aliases]\neval_time = ["eval_runtime"]\n')
+        before = set(plans(store))
+        for _ in range(3):  # computed, then a plan kept, then read from it
+            assert metric_of("eval_runtime") == metric
+        assert set(plans(store)) - before  # a plan of its own under these settings
+        if toml is not None:
+            toml.unlink()
+            assert metric_of("eval_runtime") == ""
+
+
+def test_a_part_removed_after_the_parts_were_kept_is_refused(store):
+    for _ in range(2):
+        cli("runs", store=store)
+    assert list((store.live_generation() / FOLDER).glob("parts-*.json")) and plans(store)
+    next((store.root / "scalars").rglob("*.parquet")).unlink()
+    r = cli("runs", store=store)
+    assert r.exit_code == 1 and "is missing" in r.stderr and "workbench check" in r.stderr
+
+
+def test_a_plan_of_another_version_of_the_code_is_not_read(store, monkeypatch):
+    for _ in range(2):
+        cli("runs", store=store)
+    assert len(plans(store)) == 1
+    monkeypatch.setattr(table_cache, "_code", ["another version"])
+    cli("runs", store=store)
+    cli("runs", store=store)
+    assert len(plans(store)) == 2
 
 
 def test_a_generation_table_changed_since_it_was_written_is_read_again_and_refused(store):

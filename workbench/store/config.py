@@ -15,11 +15,13 @@ file and the line, for every command that reads it.
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.errors import WorkbenchError
+
+if TYPE_CHECKING:
+    import tomllib
 
 CONFIG_FILE = "workbench.toml"
 DEFAULT_MAX_TAGS_PER_RUN = 10_000
@@ -39,6 +41,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(
             f"{path}: cannot be read ({e.strerror}); fix its permissions or remove it"
         ) from None
+    import tomllib  # only where a settings file exists (a read of the store loads none)
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

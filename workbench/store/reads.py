@@ -102,8 +102,9 @@ RUN_SUMMARY = (
 
 
 def runs(columns: Sequence[str] = ("*",)) -> Query:
-    """The `runs` view (these columns), by run id."""
-    return Query(f"SELECT {', '.join(columns)} FROM runs ORDER BY run_id")
+    """The `runs` view (these columns), by run id. The columns are qualified, so that `files`
+    and `problems` read as its columns, not as the views of those names (`views.needed`)."""
+    return Query(f"SELECT {', '.join('runs.' + c for c in columns)} FROM runs ORDER BY run_id")
 
 
 def run_count(run_id: str) -> Query:

@@ -112,16 +112,26 @@ class Store:
         if query is not None and views.reads_no_view(query):
             con.execute("SET lock_configuration = true")
             return con
-        made = None
+        made = kept_plan = plan_key = None
         try:
-            cols = views.table_columns(con, gen)
-            parts = views.listed_parts(con, self.root, gen, cols)  # a damaged table: DuckDB's error
+            gen_key = table_cache.generation_key(self.root, gen)
+            if query is not None:
+                plan_key = table_cache.plan_key(self.root, gen_key, query)
+                kept_plan = table_cache.kept_plan(gen, plan_key) if use_kept else None
+            parts = table_cache.kept_parts(gen, gen_key)
+            cols = None
+            if parts is None:
+                cols = views.table_columns(con, gen)
+                parts = views.listed_parts(con, self.root, gen, cols)  # a damaged table: DuckDB's error
+                table_cache.save_parts(gen, gen_key, parts)
             if damage := integrity.quick_check(self.root, gen, parts=parts):
                 con.close()
                 raise StoreError(integrity.damage_message(self.root, damage))
-            stmts = views.view_statements(self.root, gen, con, parts)
-            tabled = views.TABLED if query is None else views.TABLED_ONE_SHOT
-            made = table_cache.plan(con, stmts, query, tabled, gen, use_kept)
+            made = kept_plan
+            if made is None:
+                stmts = views.view_statements(self.root, gen, con, parts, cols)
+                tabled = views.TABLED if query is None else views.TABLED_ONE_SHOT
+                made = table_cache.plan(con, stmts, query, tabled, gen, use_kept)
             for stmt in made.statements:
                 con.execute(stmt)
         except (duckdb.Error, OSError) as e:
@@ -136,6 +146,8 @@ class Store:
                 f"the store at {self.root} is damaged: {str(e).splitlines()[0]}; {layout.repair_hint(self.root)}"
             ) from None
         table_cache.save(con, made.saves)
+        if kept_plan is None and plan_key is not None:
+            table_cache.save_plan(gen, plan_key, made)
         con.execute("SET lock_configuration = true")
         return con
 

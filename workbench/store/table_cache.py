@@ -24,15 +24,19 @@ import json
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import duckdb
 
 import workbench.store.views as views
+from workbench.store.config import CONFIG_FILE
 from workbench.store.sql import identifier, literal
 
 FOLDER = "cache"
+T = TypeVar("T")
 TYPES_KEY = "workbench_types"  # the table's DuckDB column types, in the file's key-value metadata
 _CLOCK = re.compile(
     r"\b(now|today|random|uuid|gen_random_uuid|get_current_time|get_current_timestamp)\s*\(|\bcurrent_(timestamp|date|time)\b",
@@ -62,9 +66,7 @@ def plan(
     named in `tabled` made tables, each read from its kept file where a reader saved one
     (`use_kept`) and then without what it was computed from."""
     graph = views.statement_graph(stmts)
-    # a generation's table file changed since it was written is damaged: a new key has it read
-    # again (and its damage found) rather than answered from what was kept
-    stamp = repr(sorted((p.name, (st := p.stat()).st_size, st.st_mtime_ns) for p in gen.glob("*.parquet")))
+    stamp = _stamp(gen)
     keys: dict[str, str] = {}
     clock: dict[str, bool] = {}
 
@@ -105,6 +107,13 @@ def plan(
         if name in keepable:
             out.saves[written] = keepable[name]
     return out
+
+
+def _stamp(gen: Path) -> str:
+    """The name, size and modification time of each of the generation's table files: one changed
+    since it was written is damaged, and a new key has it read again (and its damage found)
+    rather than answered from what was kept."""
+    return repr(sorted((p.name, (st := p.stat()).st_size, st.st_mtime_ns) for p in gen.glob("*.parquet")))
 
 
 def _kept_types(con: duckdb.DuckDBPyConnection, files: list[Path]) -> dict[str, list[list[str]]]:
@@ -152,3 +161,90 @@ def forget(files: list[Path]) -> None:
     for f in files:
         with contextlib.suppress(OSError):
             f.unlink()
+
+
+# ---- what a reader works out before its first statement, kept too ----------------------------
+# A one-shot reader's statements follow from the generation, this version's code, the aliases in
+# force and the query; the parts a generation lists (which every reader checks) from the first
+# two. Working them out (the tables' columns, the parts, the views' SQL, the kept tables' types)
+# was a third of a `workbench runs` once its tables were kept, so they are kept as JSON as well.
+PLAN_MAX_BYTES = 64 * 1024  # a plan that names many parts (a query of points at scale) is not kept
+PLANS_MAX = 64  # plans kept per generation: each query text has its own
+_code: list[str] = []
+
+
+def generation_key(root: Path, gen: Path) -> str:
+    """A digest of what the parts a generation lists and its views' SQL follow from, but the
+    aliases: its table files, the store's place and this version of the store's code."""
+    if not _code:  # the code cannot change under a running process
+        digest = hashlib.sha256()
+        for f in sorted(Path(__file__).parent.glob("*.py")):
+            digest.update(f.name.encode() + b"\0" + f.read_bytes())
+        _code.append(digest.hexdigest())
+    text = "\0".join((duckdb.__version__, _code[0], str(root), str(gen), _stamp(gen)))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def plan_key(root: Path, generation: str, query: str) -> str:
+    """A digest of what `query`'s statements follow from (`generation`: `generation_key`), the
+    settings files that give the aliases (`config.section`) included."""
+    digest = hashlib.sha256(f"{generation}\0{query}\0".encode())
+    for folder in (root, Path.cwd()):
+        try:
+            digest.update((folder / CONFIG_FILE).read_bytes())
+        except OSError:  # none there (or none readable: the uncached path reports it)
+            digest.update(b"-")
+        digest.update(b"\0")
+    return digest.hexdigest()[:24]
+
+
+def kept_parts(gen: Path, key: str) -> list[dict] | None:
+    """The rows of `views.listed_parts` a reader kept (`key`: `generation_key`), or None."""
+    return _read_json(
+        gen / FOLDER / f"parts-{key}.json",
+        lambda got: [dict(zip(got["columns"], r, strict=True)) for r in got["rows"]],
+    )
+
+
+def save_parts(gen: Path, key: str, parts: list[dict]) -> None:
+    columns = list(parts[0]) if parts else []
+    _write_json(gen / FOLDER / f"parts-{key}.json", {"columns": columns, "rows": [list(r.values()) for r in parts]})
+
+
+def kept_plan(gen: Path, key: str) -> Plan | None:
+    """The plan a reader kept for `key` (`plan_key`), or None; its file is one it reads, so that
+    a plan whose tables cannot be read goes with them (`forget`)."""
+    path = gen / FOLDER / f"plan-{key}.json"
+    return _read_json(path, lambda got: Plan(list(got["statements"]), reads=[*map(Path, got["reads"]), path]))
+
+
+def save_plan(gen: Path, key: str, made: Plan) -> None:
+    """Keep a plan that computes nothing (every table it needs read from its kept file), while
+    it is small and the generation keeps few."""
+    text = json.dumps({"statements": made.statements, "reads": [str(p) for p in made.reads]})
+    folder = gen / FOLDER
+    if made.saves or len(text) > PLAN_MAX_BYTES or len(list(folder.glob("plan-*.json"))) >= PLANS_MAX:
+        return
+    _write_json(folder / f"plan-{key}.json", text)
+
+
+def _read_json(path: Path, make: Callable[[Any], T]) -> T | None:
+    try:
+        return make(json.loads(path.read_bytes()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, LookupError, TypeError):  # damaged: worked out and kept again
+        forget([path])
+        return None
+
+
+def _write_json(path: Path, value: dict | str) -> None:
+    """Written whole, then renamed into place; best-effort, as `save`."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(exist_ok=True)
+        tmp.write_text(value if isinstance(value, str) else json.dumps(value))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()

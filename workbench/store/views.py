@@ -153,14 +153,20 @@ def _nonfinite_sources(
 
 
 def view_statements(
-    root: Path, gen: Path, con: duckdb.DuckDBPyConnection | None = None, parts: list[dict] | None = None
+    root: Path,
+    gen: Path,
+    con: duckdb.DuckDBPyConnection | None = None,
+    parts: list[dict] | None = None,
+    cols: dict[str, set[str]] | None = None,
 ) -> list[str]:
     """CREATE VIEW statements for the documented views over one generation (`con`: a connection
-    to read the generation's tables with; `parts`: its `listed_parts`, when already read)."""
+    to read the generation's tables with; `parts`: its `listed_parts` and `cols` its
+    `table_columns`, when already read)."""
     if con is None:
         with duckdb.connect(":memory:", config=duckdb_config()) as own:
-            return view_statements(root, gen, own, parts)
-    cols = table_columns(con, gen)
+            return view_statements(root, gen, own, parts, cols)
+    if cols is None:
+        cols = table_columns(con, gen)
     stmts = [  # (the table of parts is read by `listed_parts`: `_parts` is the scalar parts' rows)
         f"CREATE OR REPLACE VIEW _{t} AS {_meta_sql(gen, t, sch, cols.get(t))}"
         for t, sch in {**schema.META_TABLES, **schema.DERIVED_TABLES}.items()
@@ -321,7 +327,6 @@ def view_statements(
            WHERE lf.step IS NOT NULL AND pts.step > lf.step
            GROUP BY ALL HAVING count(DISTINCT pts.step) >= 3 OR pts.metric = 'loss'""",
         f"CREATE OR REPLACE VIEW _run_facts AS {run_facts_sql()}",
-        f"CREATE OR REPLACE VIEW _run_status AS {run_status_sql()}",
         # manual labels win (the CLI over labels.toml); evidence gives auto labels to the rest
         f"""CREATE OR REPLACE VIEW _auto_labels AS
            WITH nf AS (SELECT run_id, min(onset) AS onset FROM (
@@ -368,48 +373,63 @@ def view_statements(
                   fl.problems, rc.config, to_timestamp(fl.ingested_at) AS ingested_at
            FROM fl LEFT JOIN pts USING (run_id) LEFT JOIN seg USING (run_id) LEFT JOIN dup USING (run_id)
            LEFT JOIN _run_config rc USING (run_id)""",
-        """CREATE OR REPLACE VIEW _runs_base AS
-           SELECT t.run_id, rs.status, rs.evidence, t.* EXCLUDE (run_id)
-           FROM _run_totals t LEFT JOIN _run_status rs USING (run_id)""",
         "CREATE OR REPLACE VIEW lineage AS SELECT * FROM _lineage",
+        # everything `runs` shows but what reads the clock (`running?`), so that it can be kept:
         # a run whose continuation (another run) ended healthy was recovered; its label stays
-        """CREATE OR REPLACE VIEW runs AS
-           -- each read once: a view is bound again at each mention, and these two are deep
-           WITH base AS MATERIALIZED (SELECT * FROM _runs_base),
+        f"""CREATE OR REPLACE VIEW _run_rows AS
+           WITH st AS (SELECT run_id, last_record, {settled_status_sql()} FROM _run_facts),
            lb AS MATERIALIZED (SELECT run_id, outcome FROM labels),
            cont AS (
                SELECT l.parent_run AS run_id, string_agg(DISTINCT l.child_run, ', ') AS recovered_by
                FROM _lineage l LEFT JOIN lb ON lb.run_id = l.child_run
-               LEFT JOIN base rb ON rb.run_id = l.child_run
-               WHERE l.child_run <> l.parent_run AND (lb.outcome = 'healthy' OR rb.status = 'completed')
-               GROUP BY 1)
-           , agreement AS (
+               LEFT JOIN st ON st.run_id = l.child_run
+               WHERE l.child_run <> l.parent_run AND (lb.outcome = 'healthy' OR st.status = 'completed')
+               GROUP BY 1),
+           agreement AS (
                SELECT run_id, CASE WHEN count(*) FILTER (WHERE verdict IN ('offset', 'scaled', 'disagree')) = 0
                                    THEN 'ok (' || count(*) FILTER (WHERE verdict = 'ok')::VARCHAR || ' pairs agree)'
                                    ELSE string_agg(metric || ' ' || source_a || '/' || source_b || ': ' || verdict, '; '
                                                    ORDER BY metric, source_a, source_b)
                                             FILTER (WHERE verdict IN ('offset', 'scaled', 'disagree')) END AS consistency
                FROM _agreement WHERE verdict <> 'few' GROUP BY run_id)
-           SELECT rb.* REPLACE (
-                      CASE WHEN cont.run_id IS NOT NULL AND rb.status <> 'completed' THEN 'recovered' ELSE rb.status END AS status,
-                      CASE WHEN cont.run_id IS NOT NULL AND rb.status <> 'completed'
-                           THEN 'continued by ' || cont.recovered_by || ', which ended healthy; ' || rb.evidence
-                           ELSE rb.evidence END AS evidence),
-                  cont.recovered_by, agreement.consistency
-           FROM base rb LEFT JOIN cont USING (run_id) LEFT JOIN agreement USING (run_id)""",
+           SELECT t.run_id, st.status, st.evidence, t.* EXCLUDE (run_id),
+                  cont.recovered_by, agreement.consistency, st.last_record, st.open_ended
+           FROM _run_totals t LEFT JOIN st USING (run_id) LEFT JOIN cont USING (run_id)
+           LEFT JOIN agreement USING (run_id)""",
+        f"""CREATE OR REPLACE VIEW runs AS
+           WITH r AS (SELECT * REPLACE ({running_sql()}) FROM _run_rows)
+           SELECT * EXCLUDE (last_record, open_ended) REPLACE (
+                      CASE WHEN recovered_by IS NOT NULL AND status <> 'completed' THEN 'recovered' ELSE status END AS status,
+                      CASE WHEN recovered_by IS NOT NULL AND status <> 'completed'
+                           THEN 'continued by ' || recovered_by || ', which ended healthy; ' || evidence
+                           ELSE evidence END AS evidence)
+           FROM r""",
     ]
     return stmts
 
 
 _VIEW_NAME = re.compile(r"CREATE OR REPLACE VIEW (\w+) AS")
-# scanned left to right: a string literal, a comment, a quoted name, a word
-_TOKEN = re.compile(r"""'(?:[^']|'')*'|--[^\n]*|/\*.*?\*/|"((?:[^"]|"")*)"|(\w+)""", re.S)
+# scanned left to right: a string literal, a comment, a quoted name, a word, a dot
+_TOKEN = re.compile(r"""'(?:[^']|'')*'|--[^\n]*|/\*.*?\*/|"((?:[^"]|"")*)"|(\w+)|(\.)""", re.S)
+_SCHEMAS = frozenset({"main", "memory", "temp"})  # the schemas and catalog of a store's connection
 
 
 def _words(sql: str) -> list[str]:
-    """The names in `sql` (words and quoted names, lowercased) outside its string literals and
-    comments: a part's path holds `scalars` and a store's path may hold `runs`, naming no view."""
-    return [(quoted or word).lower() for quoted, word in _TOKEN.findall(sql) if quoted or word]
+    """The names in `sql` that may name a view (words and quoted names, lowercased), outside its
+    string literals and comments (a part's path holds `scalars` and a store's path may hold
+    `runs`), less those qualified by a table (`f.problems`, `runs.files`: a column), but not by a
+    schema (`main.runs`)."""
+    out: list[str] = []
+    last, dotted = None, False
+    for quoted, word, dot in _TOKEN.findall(sql):
+        if dot:
+            dotted = True
+            continue
+        name = (quoted or word).lower() or None
+        if name is not None and (not dotted or last in _SCHEMAS):
+            out.append(name)
+        last, dotted = name, False
+    return out
 
 
 # every view `view_statements` creates (tests/test_architecture.py keeps it whole): a query that
@@ -417,8 +437,8 @@ def _words(sql: str) -> list[str]:
 VIEW_NAMES = frozenset(
     {"_" + t for t in (*schema.META_TABLES, *schema.DERIVED_TABLES)}
     | {"_agreeing", "_auto_labels", "_cutoffs", "_events", "_file_order", "_multi_source"}
-    | {"_nonfinite_tails", "_points", "_ranked_tags", "_run_facts", "_run_status", "_run_totals"}
-    | {"_runs_base", "_tag_metric"}
+    | {"_nonfinite_tails", "_points", "_ranked_tags", "_run_facts", "_run_rows", "_run_totals"}
+    | {"_tag_metric"}
     | {"agreement", "alerts", "checkpoints", "deliveries", "events", "file_tags", "files", "histograms"}
     | {"labels"}
     | {"lineage", "problems", "runs", "scalars", "scalars_all", "unmapped_tags"}
@@ -432,11 +452,11 @@ VIEW_NAMES = frozenset(
 # them tables before its derived tables are written.
 TABLED_BEFORE_DERIVED = frozenset({"_tag_metric", "_file_order", "_cutoffs", "_multi_source"})
 TABLED = TABLED_BEFORE_DERIVED | {"_agreeing", "_ranked_tags"}
-# and for a one-shot query, the chain under `runs` and `labels` as well (`_run_status` reads the
-# clock, so a connection that lives on keeps it and what reads it views). Those that read no clock
-# are kept beside the generation by the first reader that computes them (`table_cache`).
+# and for a one-shot query, the chain under `runs` and `labels` as well (`runs` itself reads the
+# clock, so a connection that lives on keeps it a view). These read no clock, so they are kept
+# beside the generation by the first reader that computes them (`table_cache`).
 TABLED_ONE_SHOT = TABLED | frozenset(
-    {"_nonfinite_tails", "_run_facts", "_run_totals", "_auto_labels", "labels", "_run_status", "_runs_base"}
+    {"_nonfinite_tails", "_run_facts", "_run_totals", "_auto_labels", "labels", "_run_rows"}
 )
 
 
@@ -487,7 +507,7 @@ def needed(
 def run_facts_sql() -> str:
     """Per run, what its status is judged from, none of it read from the clock: its last record's
     time, its strongest end-of-run evidence and its first metric that turned NaN/Inf to the end
-    (`run_status_sql`)."""
+    (`settled_status_sql`)."""
     order = " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(schema.STATUS_EVIDENCE))
     return f"""
         WITH f AS (SELECT run_id, max(last_wall_time) AS last_record FROM _files WHERE format IS NOT NULL GROUP BY run_id),
@@ -506,36 +526,45 @@ def run_facts_sql() -> str:
     """
 
 
-def run_status_sql() -> str:
-    """Status inferred from evidence in the logs, strongest first, with the evidence in words.
+def settled_status_sql() -> str:
+    """A run's status and its evidence in words as far as the logs tell them, with `open_ended`
+    (no end-of-run evidence: `running?` while its last record is under 10 minutes old,
+    `running_sql`), from `_run_facts`' columns.
 
     diverged: evidence of divergence (DeepSpeed's minimum-loss-scale exit), or a canonical metric
     that turned NaN/Inf and stayed so to the end (the last loss; any other metric for its last 3+
     logged values after a finite one: HF's NaN filter hides a diverged loss but not its
     grad_norm). crashed, completed: the readers' end-of-run evidence (a traceback, an MLflow or
-    hparams status, HF Trainer's final summary, a launcher's clean exit). `running?`: no end
-    evidence and the run's last record was written in the last 10 minutes (by its own
-    timestamps: file times mean nothing after a copy). incomplete evidence (stopped before its
-    planned end) reads as crashed. checkpoint: the logs are a checkpoint's snapshot (HF's
-    trainer_state.json of a checkpoint published alone), no evidence of how the run ended.
-    Otherwise unknown.
+    hparams status, HF Trainer's final summary, a launcher's clean exit). incomplete evidence
+    (stopped before its planned end) reads as crashed. checkpoint: the logs are a checkpoint's
+    snapshot (HF's trainer_state.json of a checkpoint published alone), no evidence of how the
+    run ended. Otherwise unknown.
     """
     return """
-        WITH facts AS (SELECT *, epoch(now()) - last_record AS age_s FROM _run_facts)
-        SELECT run_id,
           CASE
             WHEN ev_status = 'diverged' OR nf_message IS NOT NULL THEN 'diverged'
             WHEN ev_status IN ('crashed', 'completed') THEN ev_status
-            WHEN age_s < 600 THEN 'running?'
             WHEN ev_status = 'incomplete' THEN 'crashed'
             WHEN ev_status = 'checkpoint' THEN 'checkpoint'
             ELSE 'unknown' END AS status,
           CASE
             WHEN ev_status = 'diverged' THEN ev_message
             WHEN nf_message IS NOT NULL THEN nf_message
-            WHEN ev_status IN ('crashed', 'completed') THEN ev_message
-            WHEN age_s < 600 THEN 'no end-of-run evidence yet; last record ' || round(age_s / 60)::BIGINT::VARCHAR || ' min ago'
-            WHEN ev_status IN ('incomplete', 'checkpoint') THEN ev_message
-            ELSE 'no end-of-run evidence in the logs' END AS evidence
-        FROM facts
+            WHEN ev_status IN ('crashed', 'completed', 'incomplete', 'checkpoint') THEN ev_message
+            ELSE 'no end-of-run evidence in the logs' END AS evidence,
+          (ev_status IS NULL OR ev_status NOT IN ('diverged', 'crashed', 'completed')) AND nf_message IS NULL AS open_ended
+    """
+
+
+def running_sql() -> str:
+    """`status` and `evidence` of a settled status (`settled_status_sql`) as of now: a run with no
+    end-of-run evidence whose last record was written in the last 10 minutes (by its own
+    timestamps: file times mean nothing after a copy) is `running?`."""
+    age = "(epoch(now()) - last_record)"
+    running = f"open_ended AND {age} < 600"
+    return f"""
+          CASE WHEN {running} THEN 'running?' ELSE status END AS status,
+          CASE WHEN {running}
+               THEN 'no end-of-run evidence yet; last record ' || round({age} / 60)::BIGINT::VARCHAR || ' min ago'
+               ELSE evidence END AS evidence
     """
