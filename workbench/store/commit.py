@@ -23,7 +23,15 @@ import workbench.store.schema as schema
 import workbench.store.table_cache as table_cache
 from workbench.errors import StoreError
 from workbench.store.sql import duckdb_config
-from workbench.store.views import TABLED, TABLED_BEFORE_DERIVED, table_view, tabled, view_statements
+from workbench.store.views import (
+    TABLED,
+    TABLED_BEFORE_DERIVED,
+    needed,
+    statement_graph,
+    table_view,
+    tabled,
+    view_statements,
+)
 
 # a table computed from a generation before it is published (lineage, source agreement), given
 # the views of the new generation, the table's rows in the previous one and the runs whose
@@ -92,23 +100,21 @@ def _derive(
     errors: dict[str, str],
 ) -> None:
     """The derived tables, in order, each hook on one connection with the new generation's
-    views (made once: binding them is most of a small ingest's commit), the view of each table
-    made again once it is written, so that a later hook reads it."""
+    views (made as the hooks' queries name them: a hook reads a few of them, and making all
+    was most of a small ingest's commit), the view of each table made again once it is
+    written, so that a later hook reads it."""
     if previous is not None and _same_tables(gen, previous):
         derive = {}  # nothing they are derived from changed (an unchanged tree ingested again)
     con = duckdb.connect(":memory:", config=duckdb_config())
-    made = False  # the views exist on `con`
+    views_on = None  # the generation's views on `con`, made as they are asked for
     try:
         for table in schema.DERIVED_TABLES:
             out = gen / f"{table}.parquet"
             frame = None
             if table in derive:
                 try:
-                    if not made:
-                        for stmt in tabled(view_statements(root, gen, con), TABLED_BEFORE_DERIVED):
-                            con.execute(stmt)
-                        made = True
-                    frame = _derived(con, table, derive[table], previous, changed)
+                    views_on = views_on or _ViewsOnDemand(con, view_statements(root, gen, con))
+                    frame = _derived(views_on, table, derive[table], previous, changed)
                 except Exception as e:  # noqa: BLE001 - a derived table never costs the ingested data
                     if is_disk_full(e):
                         raise
@@ -120,10 +126,30 @@ def _derive(
             else:
                 continue
             layout.fsync_file(out)
-            if made:
-                con.execute(table_view(con, gen, table))
+            if views_on is not None:
+                views_on.remade("_" + table, table_view(con, gen, table))
     finally:
         con.close()
+
+
+class _ViewsOnDemand:
+    """A connection that makes the views a query names (and those they read) before it runs
+    it; those in TABLED_BEFORE_DERIVED as tables, as on any reading connection."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, stmts: list[str]):
+        self.con, self.graph, self.made = con, statement_graph(stmts), set()
+
+    def sql(self, query: str, **kw) -> duckdb.DuckDBPyRelation:
+        for name in needed(self.graph, query):
+            if name not in self.made:
+                self.con.execute(tabled([self.graph[name][1]], TABLED_BEFORE_DERIVED)[0])
+                self.made.add(name)
+        return self.con.sql(query, **kw)
+
+    def remade(self, name: str, stmt: str) -> None:
+        """`stmt` (a derived table's view, written anew) in place of the view called `name`."""
+        self.con.execute(stmt)
+        self.made.add(name)
 
 
 def _same_tables(gen: Path, previous: Path) -> bool:
