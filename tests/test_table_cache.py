@@ -164,13 +164,21 @@ def test_new_aliases_are_read_afresh_not_from_what_was_kept(store, tmp_path, mon
             assert metric_of("eval_runtime") == ""
 
 
-def test_a_part_removed_after_the_parts_were_kept_is_refused(store):
+@pytest.mark.parametrize("damage", ["removed", "rewritten"])
+def test_a_part_damaged_after_a_plan_was_kept_is_refused(store, damage):
     for _ in range(2):
         cli("runs", store=store)
     assert list((store.live_generation() / FOLDER).glob("parts-*.json")) and plans(store)
-    next((store.root / "scalars").rglob("*.parquet")).unlink()
+    part = next((store.root / "scalars").rglob("*.parquet"))
+    if damage == "removed":
+        part.unlink()
+    else:  # the same size, other bytes
+        data = bytearray(part.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        part.write_bytes(bytes(data))
     r = cli("runs", store=store)
-    assert r.exit_code == 1 and "is missing" in r.stderr and "workbench check" in r.stderr
+    said = "is missing" if damage == "removed" else "sha256 differs"
+    assert r.exit_code == 1 and said in r.stderr and "workbench check" in r.stderr
 
 
 def test_a_plan_of_another_version_of_the_code_is_not_read(store, monkeypatch):

@@ -115,23 +115,23 @@ class Store:
         made = kept_plan = plan_key = None
         try:
             gen_key = table_cache.generation_key(self.root, gen)
-            if query is not None:
+            if query is not None and use_kept:
                 plan_key = table_cache.plan_key(self.root, gen_key, query)
-                kept_plan = table_cache.kept_plan(gen, plan_key) if use_kept else None
-            parts = table_cache.kept_parts(gen, gen_key)
-            cols = None
-            if parts is None:
-                cols = views.table_columns(con, gen)
+                kept_plan = table_cache.kept_plan(gen, plan_key)
+            # a kept plan needs only each part file checked; a plan to make needs every part
+            files = table_cache.kept_part_files(gen, gen_key) if kept_plan is not None else None
+            if files is None or integrity.quick_check(self.root, gen, parts=files):
+                kept_plan, cols = None, views.table_columns(con, gen)
                 parts = views.listed_parts(con, self.root, gen, cols)  # a damaged table: DuckDB's error
-                table_cache.save_parts(gen, gen_key, parts)
-            if damage := integrity.quick_check(self.root, gen, parts=parts):
-                con.close()
-                raise StoreError(integrity.damage_message(self.root, damage))
-            made = kept_plan
-            if made is None:
+                if damage := integrity.quick_check(self.root, gen, parts=parts):
+                    con.close()
+                    raise StoreError(integrity.damage_message(self.root, damage))
+                table_cache.save_part_files(gen, gen_key, parts)
                 stmts = views.view_statements(self.root, gen, con, parts, cols)
                 tabled = views.TABLED if query is None else views.TABLED_ONE_SHOT
                 made = table_cache.plan(con, stmts, query, tabled, gen, use_kept)
+            else:
+                made = kept_plan
             for stmt in made.statements:
                 con.execute(stmt)
         except (duckdb.Error, OSError) as e:

@@ -165,9 +165,9 @@ def forget(files: list[Path]) -> None:
 
 # ---- what a reader works out before its first statement, kept too ----------------------------
 # A one-shot reader's statements follow from the generation, this version's code, the aliases in
-# force and the query; the parts a generation lists (which every reader checks) from the first
-# two. Working them out (the tables' columns, the parts, the views' SQL, the kept tables' types)
-# was a third of a `workbench runs` once its tables were kept, so they are kept as JSON as well.
+# force and the query. Working them out (the tables' columns, the parts, the views' SQL, the kept
+# tables' types) was a third of a `workbench runs` once its tables were kept, so they are kept as
+# JSON as well, with the part files the reader checks before it reads from a kept plan.
 PLAN_MAX_BYTES = 64 * 1024  # a plan that names many parts (a query of points at scale) is not kept
 PLANS_MAX = 64  # plans kept per generation: each query text has its own
 _code: list[str] = []
@@ -198,17 +198,24 @@ def plan_key(root: Path, generation: str, query: str) -> str:
     return digest.hexdigest()[:24]
 
 
-def kept_parts(gen: Path, key: str) -> list[dict] | None:
-    """The rows of `views.listed_parts` a reader kept (`key`: `generation_key`), or None."""
+def kept_part_files(gen: Path, key: str) -> list[dict] | None:
+    """What `integrity.quick_check` reads of the parts a generation lists, one row per part
+    file, as a reader kept it (`key`: `generation_key`), or None."""
     return _read_json(
         gen / FOLDER / f"parts-{key}.json",
         lambda got: [dict(zip(got["columns"], r, strict=True)) for r in got["rows"]],
     )
 
 
-def save_parts(gen: Path, key: str, parts: list[dict]) -> None:
-    columns = list(parts[0]) if parts else []
-    _write_json(gen / FOLDER / f"parts-{key}.json", {"columns": columns, "rows": [list(r.values()) for r in parts]})
+def save_part_files(gen: Path, key: str, parts: list[dict]) -> None:
+    """Keep one row of `views.listed_parts` per part file and recorded state (a shared file
+    holds many chunks): what a check of the files needs; a damaged one is then listed chunk by
+    chunk from the generation."""
+    columns = ["file", "size", "mtime_ns", "sha256", "kind", "chunk_id", "source"]
+    rows = {(r["file"], r["size"], r["mtime_ns"], r["sha256"]): [r[c] for c in columns] for r in reversed(parts)}
+    path = gen / FOLDER / f"parts-{key}.json"
+    _write_json(path, {"columns": columns, "rows": list(rows.values())})
+    forget([p for p in path.parent.glob("parts-*.json") if p != path])  # of another version's code
 
 
 def kept_plan(gen: Path, key: str) -> Plan | None:
