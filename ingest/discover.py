@@ -27,7 +27,7 @@ from pathlib import Path
 from ingest.base import Ingestor
 from ingest.checkpoints import CONTAINERS
 from ingest.lines import BOM, gz_damage, is_gz, read_head
-from workbench.store.layout import is_store
+from workbench.store.layout import MARKER
 
 CONTAINER_DIRS = {
     "tb",
@@ -110,12 +110,15 @@ def _lfs_pointer(path: Path, size: int) -> str | None:
     )
 
 
-def _look(path: Path, ingestors: list[Ingestor], known: Known | None = None) -> tuple[str | None, str | None]:
-    """(format, problem) of one file: only regular files are read (a FIFO or a device would
-    block or never end), and a file whose format cannot be told is a problem, not a crash. A
-    file `known` as a log of the size and modification time it has now is not opened."""
+def _look(
+    path: Path, ingestors: list[Ingestor], known: Known | None = None, st: os.stat_result | None = None
+) -> tuple[str | None, str | None]:
+    """(format, problem) of one file (`st`: its stat, when taken): only regular files are read
+    (a FIFO or a device would block or never end), and a file whose format cannot be told is a
+    problem, not a crash. A file `known` as a log of the size and modification time it has now
+    is not opened."""
     try:
-        st = path.stat()  # follows a symlink to what it names
+        st = st or path.stat()  # follows a symlink to what it names
     except OSError as e:
         return None, f"unreadable: {e.strerror}"
     if known and (k := known.get(str(path))) and k[:2] == (st.st_size, st.st_mtime_ns):
@@ -153,9 +156,13 @@ def _walk(
     def walk_error(e: OSError) -> None:
         unlisted.append((Path(e.filename), f"folder not read: {e.strerror}"))
 
+    top_s = str(top)
     for dirpath, dirnames, filenames in os.walk(top, onerror=walk_error):
         d = Path(dirpath)
-        in_container = any(part in CONTAINERS for part in d.relative_to(top).parts)
+        if MARKER in filenames and d != top:  # a store (its parts are no logs): nothing in it is read
+            dirnames[:] = []
+            continue
+        in_container = not CONTAINERS.isdisjoint(dirpath[len(top_s) :].split(os.sep))  # below top
         # a container's checkpoints are scanned with it (`checkpoints.scan`), not one by one
         checkpoint_dirs += [
             d / n for n in dirnames if (CHECKPOINT_DIR.fullmatch(n) or n in CONTAINERS) and not in_container
@@ -166,29 +173,20 @@ def _walk(
             if not n.startswith(".")
             and n != "__pycache__"
             and not CHECKPOINT_DIR.fullmatch(n)
-            and not is_store(d / n)
         )
         for name in sorted(filenames):
             p = d / name
-            if _dangling(p):
-                continue
-            fmt, problem = _look(p, ingestors, known)
+            try:
+                st = p.stat()  # follows a symlink to what it names
+            except FileNotFoundError:
+                continue  # a symlink to nothing
+            except OSError:
+                st = None  # one that cannot be followed (EACCES, a /proc link): `_look` reports it
+            fmt, problem = _look(p, ingestors, known, st)
             if in_container and problem is None and (fmt is None or (fmt == "jsonl" and _whole_json(p))):
                 continue  # checkpoint metadata or weights: the checkpoint scan records them
             files.setdefault(d, []).append((p, fmt, problem))
     return files, checkpoint_dirs
-
-
-def _dangling(path: Path) -> bool:
-    """A symlink to nothing (skipped); one that cannot be followed (EACCES, a /proc link) is
-    left to `_look`, which reports it."""
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return False
 
 
 def _whole_json(path: Path) -> bool:
@@ -245,8 +243,14 @@ class _Owners:
             for d, items in files.items()
         }
         self.sub_sources = {i.name for i in ingestors if i.sub_source}
+        self.known: dict[Path, Path] = {}  # each folder's, worked out once
 
     def __call__(self, d: Path) -> Path:
+        if (run := self.known.get(d)) is None:
+            run = self.known[d] = self._owner(d)
+        return run
+
+    def _owner(self, d: Path) -> Path:
         root = self.root
         if d == root:
             return d
@@ -274,11 +278,9 @@ class _Owners:
         return d
 
 
-def run_id_for(run_dir: Path, root: Path, base: Path) -> str:
-    """`run_dir` relative to `base` (an enclosing earlier ingest root, or `root` itself)."""
-    run_dir, root, base = run_dir.absolute(), root.absolute(), base.absolute()
-    if root.is_file():
-        root = root.parent
+def run_id_for(run_dir: Path, base: Path) -> str:
+    """`run_dir` relative to `base` (an enclosing earlier ingest root, or the root itself)."""
+    run_dir, base = run_dir.absolute(), base.absolute()
     if run_dir == base:
         return base.name
     return run_dir.relative_to(base).as_posix()

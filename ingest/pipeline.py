@@ -47,6 +47,7 @@ from workbench.executor import Executor, LocalExecutor
 from workbench.store import Store, StoreError, StoreWriter
 from workbench.store.commit import Derive
 from workbench.store.config import max_tags_per_run
+from workbench.store.layout import read_derived
 
 NOT_READ = ("not_read", "labels_error", "checkpoint_error")  # problems of things not read at all
 # in an ingest of this many runs, or of a run of this many files, small chunks are written many
@@ -125,18 +126,18 @@ def ingest(
             labels_file = (root if root.is_dir() else root.parent) / "labels.toml"
             if labels_file.is_file():
                 with _isolated(w, report, labels_file, None, "labels_error"):
-                    labelled.append((labels_file, _read_labels(w, labels_file, root, base, report)))
+                    labelled.append((labels_file, _read_labels(w, labels_file, base, report)))
             found = discover(root, ingestors, known)
             for folder, why in found.problems:
                 set_problem(w, report, folder, None, "not_read", why)
             run_ids: dict[Path, str] = {}  # a run of many files: its id worked out once
             for f in found.files:
                 if (run_id := run_ids.get(f.run_dir)) is None:
-                    run_id = run_ids[f.run_dir] = run_id_for(f.run_dir, root, base)
+                    run_id = run_ids[f.run_dir] = run_id_for(f.run_dir, base)
                 work.append((f, run_id))
             logs = frozenset(f.path for f in found.files if f.format)
             for folder, run_dir in found.checkpoints:
-                run_id = run_id_for(run_dir, root, base)
+                run_id = run_id_for(run_dir, base)
                 with _isolated(w, report, folder, run_id, "checkpoint_error"):
                     _scan_checkpoints(w, folder, run_id, hash_checkpoints, report, logs)
         files = plan_reads(w, work, by_name, report)
@@ -179,18 +180,17 @@ def _learn_batch_sizes(store: Store, w: StoreWriter) -> bool:
     """DeepSpeed monitor series still on a samples axis (no batch size anywhere in their run)
     whose values agree with another source's once the axis is divided by a whole ratio: take
     that ratio as the run's train_batch_size. Whether any run learned one."""
-    query = (
-        "SELECT run_id, abs(step_scale) AS k, source_a, source_b, step_scale FROM agreement "
-        "WHERE verdict = 'scaled' AND ((step_scale < 0 AND starts_with(tag_a, 'Train/Samples/')) "
-        "OR (step_scale > 0 AND starts_with(tag_b, 'Train/Samples/')))"
-    )
-    con = store.connect(query)  # only the views it reads: binding all of them costs a second
-    try:
-        scaled = con.sql(query).fetchall()
-    finally:
-        con.close()
+    # the agreement table of the generation just published, read as it is (no views to make)
+    agreement = read_derived("agreement", store.live_generation())
+    scaled = agreement.filter(
+        (pl.col("verdict") == "scaled")
+        & (
+            ((pl.col("step_scale") < 0) & pl.col("tag_a").str.starts_with("Train/Samples/"))
+            | ((pl.col("step_scale") > 0) & pl.col("tag_b").str.starts_with("Train/Samples/"))
+        )
+    ).select("run_id", pl.col("step_scale").abs().alias("k"), "source_a", "source_b", "step_scale")
     learned = False
-    for run_id, k, a, b, scale in scaled:
+    for run_id, k, a, b, scale in scaled.iter_rows():
         config = w.run_config(run_id)
         if batch_size_of(config)[0] is None:
             other = b if scale < 0 else a
@@ -282,12 +282,12 @@ def _checkpoint_problem(w: StoreWriter, report, row: dict, kind: str, message: s
         report.problems.append((row["path"], problem))
 
 
-def _read_labels(w: StoreWriter, path: Path, root: Path, base: Path, report: IngestReport) -> list[dict]:
+def _read_labels(w: StoreWriter, path: Path, base: Path, report: IngestReport) -> list[dict]:
     """Store the labels of one labels.toml (replacing what it said before); returns them."""
     rows, problems = read_labels_toml(path)
     labels = [
         {k: v for k, v in r.items() if k != "folder"}
-        | {"run_id": run_id_for(path.parent / r["folder"], root, base)}
+        | {"run_id": run_id_for(path.parent / r["folder"], base)}
         for r in rows
     ]
     w.set_labels(str(path.absolute()), labels)

@@ -166,9 +166,10 @@ class WandbRunIngestor(Ingestor):
     def run_folder(self, folder: Path) -> Path | None:
         if RUN_DIR.fullmatch(folder.name):
             return folder
-        for up in folder.parents:
-            if RUN_DIR.fullmatch(up.name) and folder.relative_to(up).parts[0] in ("files", "logs", "tmp"):
-                return up
+        parts = folder.parts  # (names, not a Path per parent: this runs for every folder of an ingest)
+        for i in range(len(parts) - 2, 0, -1):
+            if parts[i + 1] in ("files", "logs", "tmp") and RUN_DIR.fullmatch(parts[i]):
+                return Path(*parts[: i + 1])
         return None
 
     def read(self, path: Path, start: int, ctx: ReadContext) -> Iterator[Batch]:

@@ -288,7 +288,7 @@ def read_derived(table: str, generation: Path | None) -> pl.DataFrame:
     sch = schema.DERIVED_TABLES[table]
     if path is None or not path.exists():
         return schema.empty(sch)
-    df = pl.read_parquet(path)
+    df = pl.read_parquet(path, glob=False)  # a store folder may be named `runs[1]`
     return df.select([pl.col(c) if c in df.columns else pl.lit(None, t).alias(c) for c, t in sch.items()])
 
 
