@@ -311,6 +311,10 @@ def test_a_store_folder_named_with_glob_characters(tmp_path):
     store = Store(tmp_path / "store[1]*")
     ingest_paths(store, tmp_path / "logs")
     assert _points(store) == EXPECTED and cli(store, "check")[0] == 0
+    with open(tmp_path / "logs/a/metrics.jsonl", "a") as f:  # a second ingest reads the first's tables
+        f.write(json.dumps({"step": JSONL_LINES, "loss": 0.5, "lr": 1e-3}) + "\n")
+    again = ingest_paths(store, tmp_path / "logs")
+    assert again.derive_errors == {} and _points(store) == EXPECTED + 2
 
 
 def test_a_writer_opened_for_repair_skips_the_part_check(two_generations):
