@@ -170,9 +170,7 @@ def _walk(
         dirnames[:] = sorted(
             n
             for n in dirnames
-            if not n.startswith(".")
-            and n != "__pycache__"
-            and not CHECKPOINT_DIR.fullmatch(n)
+            if not n.startswith(".") and n != "__pycache__" and not CHECKPOINT_DIR.fullmatch(n)
         )
         for name in sorted(filenames):
             p = d / name

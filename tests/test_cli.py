@@ -172,6 +172,21 @@ def test_a_read_ends_at_once_with_its_whole_answer_and_no_lease_held(tbx_store):
     assert bad.returncode == 1 and "nope" in bad.stderr and not bad.stdout
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (a device that is always full) here")
+def test_an_answer_that_cannot_be_written_is_an_error_not_a_silent_exit(tbx_store):
+    env = {**os.environ, "WORKBENCH_STORE": str(tbx_store)}
+    with open("/dev/full", "w") as full:
+        p = subprocess.run(
+            [sys.executable, "-m", "workbench", "runs", "--format", "csv"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+    assert p.returncode == 1 and "could not be written to standard output" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
 @pytest.mark.parametrize(
     "args",
     [("sql", "select 1"), ("runs",), ("tags", "run_a"), ("sql", "select count(*) from scalars"), ("--help",)],

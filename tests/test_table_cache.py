@@ -105,7 +105,9 @@ def test_a_live_run_reads_running_from_the_clock_at_each_read_not_from_what_was_
         row = json.loads(cli("runs", "--format", "json", store=store).stdout)[0]
         assert (row["run_id"], row["status"]) == ("live", "running?")
         assert row["evidence"] == "no end-of-run evidence yet; last record 1 min ago"
-    kept_rows = duckdb.sql(f"SELECT status, open_ended FROM '{store.live_generation() / FOLDER}/_run_rows-*.parquet'")
+    kept_rows = duckdb.sql(
+        f"SELECT status, open_ended FROM '{store.live_generation() / FOLDER}/_run_rows-*.parquet'"
+    )
     assert kept_rows.fetchall() == [("unknown", True)]  # the kept table holds what the logs say, no clock
 
 
@@ -162,6 +164,12 @@ def test_new_aliases_are_read_afresh_not_from_what_was_kept(store, tmp_path, mon
         if toml is not None:
             toml.unlink()
             assert metric_of("eval_runtime") == ""
+
+
+def test_a_settings_file_that_cannot_be_read_keeps_no_plan(store):
+    (store.root / "workbench.toml").mkdir()  # no file to read: what it would say is unknown
+    answers = {cli("runs", "--format", "csv", store=store).stdout for _ in range(3)}
+    assert len(answers) == 1 and "attention_collapse," in answers.pop() and not plans(store)
 
 
 @pytest.mark.parametrize("damage", ["removed", "rewritten"])

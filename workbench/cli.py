@@ -118,7 +118,13 @@ def _show_answer(text: str, fmt: str) -> None:
     """DuckDB's CSV or JSON as it came, or a table drawn from its CSV."""
     from workbench import table
 
-    table.query_text(text, fmt)
+    try:
+        table.query_text(text, fmt)
+        sys.stdout.flush()  # a full disk is said here, not lost at exit
+    except BrokenPipeError:
+        pass  # the reader closed the pipe early (`| head`): it has what it wanted
+    except OSError as e:
+        raise WorkbenchError(f"the answer could not be written to standard output ({e.strerror})") from None
     _answered.append(True)
 
 
@@ -139,7 +145,7 @@ def run() -> None:
     import os
 
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError):  # a reader that closed the pipe early (`| head`)
+        with contextlib.suppress(OSError):  # (stdout was flushed with the answer: `_show_answer`)
             stream.flush()
     atexit._run_exitfuncs()
     os._exit(0)

@@ -38,7 +38,9 @@ def query_text(text: str, fmt: str) -> None:
     shown = [r if r is not None else ["⋮"] * len(header) for r in shown]
     cells_shown, rows_shown, widths, cols = fit(header, shown, width)
     sys.stdout.write(box(cells_shown, rows_shown, widths, bold))
-    rows_said = f"{len(body)} row{'' if len(body) == 1 else 's'}" + (f", {MAX_TABLE_ROWS} shown" if len(shown) < len(body) else "")
+    rows_said = f"{len(body)} row{'' if len(body) == 1 else 's'}" + (
+        f", {MAX_TABLE_ROWS} shown" if len(shown) < len(body) else ""
+    )
     cols_said = f"; {len(header)} columns, {cols} shown" if cols < len(header) else ""
     if rows_said.endswith("shown") or cols_said:
         print(f"({rows_said}{cols_said}; --format csv or json gives all)", file=sys.stderr)

@@ -14,6 +14,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import duckdb
 import polars as pl
@@ -114,7 +115,9 @@ def _derive(
             if table in derive:
                 try:
                     views_on = views_on or _ViewsOnDemand(con, view_statements(root, gen, con))
-                    frame = _derived(views_on, table, derive[table], previous, changed)
+                    # (it answers `sql`, all a hook asks of a connection)
+                    con_views = cast(duckdb.DuckDBPyConnection, views_on)
+                    frame = _derived(con_views, table, derive[table], previous, changed)
                 except Exception as e:  # noqa: BLE001 - a derived table never costs the ingested data
                     if is_disk_full(e):
                         raise
@@ -137,7 +140,8 @@ class _ViewsOnDemand:
     it; those in TABLED_BEFORE_DERIVED as tables, as on any reading connection."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, stmts: list[str]):
-        self.con, self.graph, self.made = con, statement_graph(stmts), set()
+        self.con, self.graph = con, statement_graph(stmts)
+        self.made: set[str] = set()
 
     def sql(self, query: str, **kw) -> duckdb.DuckDBPyRelation:
         for name in needed(self.graph, query):

@@ -117,10 +117,15 @@ class Store:
             gen_key = table_cache.generation_key(self.root, gen)
             if query is not None and use_kept:
                 plan_key = table_cache.plan_key(self.root, gen_key, query)
-                kept_plan = table_cache.kept_plan(gen, plan_key)
+                kept_plan = table_cache.kept_plan(gen, plan_key) if plan_key else None
             # a kept plan needs only each part file checked; a plan to make needs every part
             files = table_cache.kept_part_files(gen, gen_key) if kept_plan is not None else None
-            if files is None or integrity.quick_check(self.root, gen, parts=files):
+            made = (
+                kept_plan
+                if files is not None and not integrity.quick_check(self.root, gen, parts=files)
+                else None
+            )
+            if made is None:
                 kept_plan, cols = None, views.table_columns(con, gen)
                 parts = views.listed_parts(con, self.root, gen, cols)  # a damaged table: DuckDB's error
                 if damage := integrity.quick_check(self.root, gen, parts=parts):
@@ -130,8 +135,6 @@ class Store:
                 stmts = views.view_statements(self.root, gen, con, parts, cols)
                 tabled = views.TABLED if query is None else views.TABLED_ONE_SHOT
                 made = table_cache.plan(con, stmts, query, tabled, gen, use_kept)
-            else:
-                made = kept_plan
             for stmt in made.statements:
                 con.execute(stmt)
         except (duckdb.Error, OSError) as e:
@@ -145,6 +148,7 @@ class Store:
             raise StoreError(
                 f"the store at {self.root} is damaged: {str(e).splitlines()[0]}; {layout.repair_hint(self.root)}"
             ) from None
+        assert made is not None  # (the statements ran)
         table_cache.save(con, made.saves)
         if kept_plan is None and plan_key is not None:
             table_cache.save_plan(gen, plan_key, made)

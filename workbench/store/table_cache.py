@@ -185,15 +185,22 @@ def generation_key(root: Path, gen: Path) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def plan_key(root: Path, generation: str, query: str) -> str:
+def plan_key(root: Path, generation: str, query: str) -> str | None:
     """A digest of what `query`'s statements follow from (`generation`: `generation_key`), the
-    settings files that give the aliases (`config.section`) included."""
+    settings files that give the aliases (`config.section`) included; None while one of them
+    cannot be read (no plan then: working them out says what is wrong)."""
     digest = hashlib.sha256(f"{generation}\0{query}\0".encode())
-    for folder in (root, Path.cwd()):
+    try:
+        folders = (root, Path.cwd())
+    except OSError:  # a working folder removed under this process
+        return None
+    for folder in folders:
         try:
             digest.update((folder / CONFIG_FILE).read_bytes())
-        except OSError:  # none there (or none readable: the uncached path reports it)
+        except FileNotFoundError:
             digest.update(b"-")
+        except OSError:
+            return None
         digest.update(b"\0")
     return digest.hexdigest()[:24]
 
@@ -212,7 +219,9 @@ def save_part_files(gen: Path, key: str, parts: list[dict]) -> None:
     holds many chunks): what a check of the files needs; a damaged one is then listed chunk by
     chunk from the generation."""
     columns = ["file", "size", "mtime_ns", "sha256", "kind", "chunk_id", "source"]
-    rows = {(r["file"], r["size"], r["mtime_ns"], r["sha256"]): [r[c] for c in columns] for r in reversed(parts)}
+    rows = {
+        (r["file"], r["size"], r["mtime_ns"], r["sha256"]): [r[c] for c in columns] for r in reversed(parts)
+    }
     path = gen / FOLDER / f"parts-{key}.json"
     _write_json(path, {"columns": columns, "rows": list(rows.values())})
     forget([p for p in path.parent.glob("parts-*.json") if p != path])  # of another version's code
