@@ -1,4 +1,5 @@
-"""Tables a reader computes from one generation, kept in the generation's folder for the next.
+"""What a reader works out from one generation, kept in the generation's folder for the next:
+tables, and a one-shot query's statements with the part files they are checked against.
 
 A reading connection makes the small tables many views read (`views.TABLED`, and for a one-shot
 query `views.TABLED_ONE_SHOT`): per tag, file, chunk or run, a few kB. Computing them was most of
@@ -11,9 +12,12 @@ The key is a digest of the table's SQL and of the SQL of every view it reads in 
 names the generation's files, the parts, the aliases in force and this version's definition of
 each view, so a change to any of them gives a new key; so does a change to the size or
 modification time of one of the generation's table files (damage: read again, and found). A
-table whose SQL reads the clock (run status: `running?`) is never kept. The folder is removed
-with its generation. Saving is best-effort: a reader that cannot write to the store computes the
+table whose SQL reads the clock (`runs`: `running?`) is never kept. The folder is removed with
+its generation. Saving is best-effort: a reader that cannot write to the store computes the
 tables as before.
+
+A one-shot query's plan (its statements, once every table they read is kept) and the generation's
+part files are kept as JSON too (`kept_plan`, `kept_part_files`; the section at the end).
 """
 
 from __future__ import annotations
