@@ -46,7 +46,7 @@ from workbench.errors import NotFoundError
 from workbench.executor import Executor, LocalExecutor
 from workbench.store import Store, StoreError, StoreWriter
 from workbench.store.commit import Derive
-from workbench.store.config import max_tags_per_run
+from workbench.store.config import max_tags_per_run, settings_folders
 from workbench.store.layout import read_derived
 
 NOT_READ = ("not_read", "labels_error", "checkpoint_error")  # problems of things not read at all
@@ -386,7 +386,7 @@ def _run_tasks(w: StoreWriter, files: list[tuple[FileTask, str]], check_crc: boo
     """One task per run (files in the order given, which puts configuration first), numbered
     from the writer's next chunk id, with the tags the run holds and how many it may."""
     tasks: dict[str, RunTask] = {}
-    max_tags = max_tags_per_run(w.root, Path.cwd())
+    max_tags = max_tags_per_run(*settings_folders(w.root))
     held = _tags_held(w, {run_id for _, run_id in files})
     for ft, run_id in files:
         if run_id not in tasks:

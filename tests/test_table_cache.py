@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -170,6 +172,27 @@ def test_a_settings_file_that_cannot_be_read_keeps_no_plan(store):
     (store.root / "workbench.toml").mkdir()  # no file to read: what it would say is unknown
     answers = {cli("runs", "--format", "csv", store=store).stdout for _ in range(3)}
     assert len(answers) == 1 and "attention_collapse," in answers.pop() and not plans(store)
+
+
+def test_a_reader_whose_working_folder_was_removed_reads_the_store_settings_alone(store, tmp_path):
+    """The working folder's workbench.toml went with it: a read answers (it said the store was
+    damaged), and aliases from the store's own settings still apply."""
+    (store.root / "workbench.toml").write_text('[aliases]\neval_time = ["eval_runtime"]\n')
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    code = (
+        "import os, sys; os.chdir(sys.argv[1]); os.rmdir(sys.argv[1]);"
+        "from workbench.store import Store;"
+        "q = \"SELECT DISTINCT metric FROM scalars WHERE tag = 'eval_runtime'\";"
+        "print(Store(sys.argv[2]).query(q).rows())"
+    )
+    for _ in range(2):  # computed, then from what was kept
+        p = subprocess.run(
+            [sys.executable, "-c", code, str(gone), str(store.root)], capture_output=True, text=True
+        )
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() == "[('eval_time',)]"
+        gone.mkdir()
 
 
 @pytest.mark.parametrize("damage", ["removed", "rewritten"])

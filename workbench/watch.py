@@ -45,6 +45,7 @@ from ingest.pipeline import ingest
 from workbench.errors import WorkbenchError
 from workbench.notify import Dispatch, Notifier, alert_id, history_record
 from workbench.store import Store, aliases, coded, layout, leases, reads
+from workbench.store.config import settings_folders
 
 END_STATUSES = ("completed", "crashed", "diverged")
 REFRESH_S = 60.0  # lineage and catalog.duckdb are brought up to date this often
@@ -368,7 +369,7 @@ class Watch:
         new = [t for t in tags if t not in self._metric]
         if new:
             self._metric.update(
-                aliases.metrics_of(new, aliases.load_user_aliases(self.store.root, Path.cwd()))
+                aliases.metrics_of(new, aliases.load_user_aliases(*settings_folders(self.store.root)))
             )
         return {t: self._metric[t] for t in tags}
 

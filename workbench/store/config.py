@@ -74,6 +74,15 @@ def line_of(path: Path, pattern: str) -> int | None:
     return next((i for i, line in enumerate(lines, 1) if rx.search(line)), None)
 
 
+def settings_folders(store_root: Path) -> tuple[Path, ...]:
+    """The folders whose `workbench.toml` count, in order: the store's, then the working folder
+    (not when it was removed under this process: its settings went with it)."""
+    try:
+        return (store_root, Path.cwd())
+    except OSError:
+        return (store_root,)
+
+
 def config_files(*dirs: Path) -> list[Path]:
     return [Path(d) / CONFIG_FILE for d in dirs if (Path(d) / CONFIG_FILE).is_file()]
 

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import duckdb
 
 import workbench.store.views as views
-from workbench.store.config import CONFIG_FILE
+from workbench.store.config import CONFIG_FILE, settings_folders
 from workbench.store.sql import identifier, literal
 
 FOLDER = "cache"
@@ -191,13 +191,11 @@ def generation_key(root: Path, gen: Path) -> str:
 
 def plan_key(root: Path, generation: str, query: str) -> str | None:
     """A digest of what `query`'s statements follow from (`generation`: `generation_key`), the
-    settings files that give the aliases (`config.section`) included; None while one of them
-    cannot be read (no plan then: working them out says what is wrong)."""
+    settings files that give the aliases (`config.settings_folders`) included; None while one of
+    them cannot be read (no plan then: working them out says what is wrong)."""
     digest = hashlib.sha256(f"{generation}\0{query}\0".encode())
-    try:
-        folders = (root, Path.cwd())
-    except OSError:  # a working folder removed under this process
-        return None
+    folders = settings_folders(root)
+    digest.update(f"{len(folders)}\0".encode())  # (a working folder removed: its settings are gone)
     for folder in folders:
         try:
             digest.update((folder / CONFIG_FILE).read_bytes())

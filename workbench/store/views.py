@@ -25,6 +25,7 @@ import duckdb
 import workbench.store.aliases as aliases
 import workbench.store.layout as layout
 import workbench.store.schema as schema
+from workbench.store.config import settings_folders
 from workbench.store.sql import duck_type, duckdb_config, empty_select, glob_literal
 
 
@@ -182,7 +183,7 @@ def view_statements(
         "SELECT e.* EXCLUDE (chunk_id) FROM {src} e SEMI JOIN _chunks c ON c.chunk_id = e.chunk_id",
     )
     nonfinite, uncounted = _nonfinite_sources(con, gen, cols.get("chunk_tags"), parts)
-    user = aliases.load_user_aliases(root, Path.cwd())
+    user = aliases.load_user_aliases(*settings_folders(root))
     metric_rows = (  # each tag once through the patterns
         f"SELECT tag, {aliases.metric_case_sql('tag', user, 'words')} AS metric "
         f"FROM (SELECT tag, {aliases.normalized_sql('tag')} AS words FROM (SELECT DISTINCT tag FROM _chunk_tags))"
