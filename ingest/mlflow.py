@@ -24,7 +24,7 @@ RUN_STATUS = {"FINISHED": "completed", "FAILED": "crashed", "KILLED": "crashed"}
 def mlflow_run_dir(folder: Path) -> Path | None:
     """The run folder when `folder` lies in an MLflow run's metrics/params/tags, else None."""
     parts = folder.parts  # (names, not a Path per parent: this runs for every folder of an ingest)
-    for i in range(len(parts) - 1, 0, -1):
+    for i in range(len(parts) - 1, -1, -1):
         if parts[i] in ("metrics", "params", "tags") and (run := Path(*parts[:i]) / "meta.yaml").is_file():
             return run.parent
     return None

@@ -167,7 +167,7 @@ class WandbRunIngestor(Ingestor):
         if RUN_DIR.fullmatch(folder.name):
             return folder
         parts = folder.parts  # (names, not a Path per parent: this runs for every folder of an ingest)
-        for i in range(len(parts) - 2, 0, -1):
+        for i in range(len(parts) - 2, -1, -1):
             if parts[i + 1] in ("files", "logs", "tmp") and RUN_DIR.fullmatch(parts[i]):
                 return Path(*parts[: i + 1])
         return None

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
+from pathlib import Path
 
 from conftest import ingest_paths
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from real_counts import REAL, assert_matches, expected, real_tree_store
 from real_samples import HELLO
 from writers import tbx_scalars
+
+from ingest.mlflow import mlflow_run_dir
+from ingest.wandb_offline import RUN_DIR, WandbRunIngestor
 
 ONE = {"loss": [(0, 1.0), (1, 0.5)]}
 
@@ -192,3 +199,43 @@ def test_a_log_known_unchanged_is_not_opened_again_and_a_changed_one_is(tmp_path
     assert [f.format for f in discover(tmp_path / "run", ingestors, known).files] == ["keras_csv"]
     os.utime(log, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     assert [f.format for f in discover(tmp_path / "run", ingestors, known).files] == ["jsonl"]
+
+
+# MLflow's and W&B's run folders are found from a path's names (every folder of an ingest asks);
+# the reference below walks the parents as `Path`s, as the definitions read
+_NAMES = ["metrics", "params", "tags", "files", "logs", "tmp", "x", "offline-run-20240101_000000-abc12345"]
+
+
+def _mlflow_by_parents(folder: Path) -> Path | None:
+    for d in (folder, *folder.parents):
+        if d.name in ("metrics", "params", "tags") and (d.parent / "meta.yaml").is_file():
+            return d.parent
+    return None
+
+
+def _wandb_by_parents(folder: Path) -> Path | None:
+    if RUN_DIR.fullmatch(folder.name):
+        return folder
+    for up in folder.parents:
+        if RUN_DIR.fullmatch(up.name) and folder.relative_to(up).parts[0] in ("files", "logs", "tmp"):
+            return up
+    return None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    names=st.lists(st.sampled_from(_NAMES), min_size=0, max_size=6),
+    absolute=st.booleans(),
+    meta_at=st.sets(st.integers(0, 6), max_size=3),
+)
+def test_run_folders_from_names_match_the_walk_over_parents(tmp_path, monkeypatch, names, absolute, meta_at):
+    base = tmp_path / "t"
+    shutil.rmtree(base, ignore_errors=True)
+    (base / Path(*names) if names else base).mkdir(parents=True)
+    for i in meta_at:  # an MLflow run's meta.yaml in some of the folders on the way
+        if i <= len(names):
+            (base / Path(*names[:i]) / "meta.yaml").write_text("status: 3\n")
+    monkeypatch.chdir(base)
+    folder = (base if absolute else Path()) / Path(*names)
+    assert mlflow_run_dir(folder) == _mlflow_by_parents(folder)
+    assert WandbRunIngestor().run_folder(folder) == _wandb_by_parents(folder)
