@@ -112,21 +112,16 @@ class Store:
         if query is not None and views.reads_no_view(query):
             con.execute("SET lock_configuration = true")
             return con
-        made = kept_plan = plan_key = None
+        made = plan_key = None
+        from_kept = False
         try:
             gen_key = table_cache.generation_key(self.root, gen)
             if query is not None and use_kept:
                 plan_key = table_cache.plan_key(self.root, gen_key, query)
-                kept_plan = table_cache.kept_plan(gen, plan_key) if plan_key else None
-            # a kept plan needs only each part file checked; a plan to make needs every part
-            files = table_cache.kept_part_files(gen, gen_key) if kept_plan is not None else None
-            made = (
-                kept_plan
-                if files is not None and not integrity.quick_check(self.root, gen, parts=files)
-                else None
-            )
+            made = self._kept_plan(gen, gen_key, plan_key)
+            from_kept = made is not None
             if made is None:
-                kept_plan, cols = None, views.table_columns(con, gen)
+                cols = views.table_columns(con, gen)
                 parts = views.listed_parts(con, self.root, gen, cols)  # a damaged table: DuckDB's error
                 if damage := integrity.quick_check(self.root, gen, parts=parts):
                     con.close()
@@ -150,10 +145,19 @@ class Store:
             ) from None
         assert made is not None  # (the statements ran)
         table_cache.save(con, made.saves)
-        if kept_plan is None and plan_key is not None:
+        if not from_kept and plan_key is not None:
             table_cache.save_plan(gen, plan_key, made)
         con.execute("SET lock_configuration = true")
         return con
+
+    def _kept_plan(self, gen: Path, gen_key: str, plan_key: str | None) -> table_cache.Plan | None:
+        """The plan a reader kept for this query, once each part file the generation lists is
+        found as it was written (a plan to make checks every part instead)."""
+        plan = table_cache.kept_plan(gen, plan_key) if plan_key else None
+        files = table_cache.kept_part_files(gen, gen_key) if plan is not None else None
+        if files is None or integrity.quick_check(self.root, gen, parts=files):
+            return None
+        return plan
 
     def _ask(
         self, query: reads.Query, how: Callable[[duckdb.DuckDBPyRelation], T], one_select: bool = False

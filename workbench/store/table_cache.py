@@ -220,11 +220,13 @@ def save_part_files(gen: Path, key: str, parts: list[dict]) -> None:
     """Keep one row of `views.listed_parts` per part file and recorded state (a shared file
     holds many chunks): what a check of the files needs; a damaged one is then listed chunk by
     chunk from the generation."""
+    path = gen / FOLDER / f"parts-{key}.json"
+    if path.exists():  # kept already (a connection that reads no kept plan lists the parts anyway)
+        return
     columns = ["file", "size", "mtime_ns", "sha256", "kind", "chunk_id", "source"]
     rows = {
         (r["file"], r["size"], r["mtime_ns"], r["sha256"]): [r[c] for c in columns] for r in reversed(parts)
     }
-    path = gen / FOLDER / f"parts-{key}.json"
     _write_json(path, {"columns": columns, "rows": list(rows.values())})
     forget([p for p in path.parent.glob("parts-*.json") if p != path])  # of another version's code
 
