@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from ingest.base import Batch, Problem, ReadContext
@@ -188,6 +189,15 @@ def _keys(line: str) -> set[str]:
     return set(rec) if isinstance(rec, dict) else set()
 
 
+def _numeric(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind)
+
+
+def _floats(col: pa.ChunkedArray) -> np.ndarray:
+    """A numeric column as float64, null as NaN."""
+    return col.cast(pa.float64()).to_numpy()
+
+
 def block_points(lines: list) -> tuple[Points, int, str, int] | None:
     """A block of flat JSON records with an integer step in every record, read at once with
     pyarrow: its points (in logged order, as `RecordsToPoints.add` would give them), its last
@@ -208,45 +218,45 @@ def block_points(lines: list) -> tuple[Points, int, str, int] | None:
     data = text.encode()
     try:  # one block: types inferred from every record; pyarrow's reader is the faster here
         opts = pa_json.ReadOptions(use_threads=False, block_size=len(data) + 1)
-        df = pl.from_arrow(pa_json.read_json(io.BytesIO(data), read_options=opts))
-    except Exception:  # noqa: BLE001 - anything polars refuses goes the line-by-line way
+        table = pa_json.read_json(io.BytesIO(data), read_options=opts)
+    except Exception:  # noqa: BLE001 - anything pyarrow refuses goes the line-by-line way
         return None
-    assert isinstance(df, pl.DataFrame)  # an arrow Table converts to a DataFrame
-    if df.height != n:
+    cols = dict(zip(table.column_names, table.columns, strict=True))
+    if table.num_rows != n or len(cols) != table.num_columns:  # (a key twice in a record)
         return None
-    step_key = next((k for k in STEP_KEYS if k in df.columns), None)
-    if step_key is None or not df[step_key].dtype.is_integer() or df[step_key].null_count():
+    step_key = next((k for k in STEP_KEYS if k in cols), None)
+    if step_key is None or not pa.types.is_integer(cols[step_key].type) or cols[step_key].null_count:
         return None
-    if any(k in df.columns for k in STEP_KEYS[: STEP_KEYS.index(step_key)]):
+    if any(k in cols for k in STEP_KEYS[: STEP_KEYS.index(step_key)]):
         return None  # an earlier step key present in some records only
     wall = np.full(n, np.nan)
     unset = np.ones(n, bool)
-    names, cols, valid = [], [], []
-    for name in df.columns:
-        col = df[name]
-        dtype = col.dtype
-        if dtype == pl.String:
-            if col.str.contains(_DIGITS).any():
+    names, values, valid = [], [], []
+    for name, col in cols.items():
+        kind = col.type
+        if pa.types.is_string(kind):
+            if pc.any(pc.match_substring_regex(col, _DIGITS)).as_py():
                 return None
             continue
-        if not (dtype.is_numeric() or dtype in (pl.Boolean, pl.Null)):
-            return None  # objects, lists: the line path flattens or skips them
-        if not dtype.is_numeric() or name == step_key or name in NOT_METRICS:
+        if not (_numeric(kind) or pa.types.is_boolean(kind) or pa.types.is_null(kind)):
+            return None  # objects, lists, timestamps: the line path flattens, skips or reads them
+        if not _numeric(kind) or name == step_key or name in NOT_METRICS or name in TIME_KEYS:
             continue
-        if name in TIME_KEYS:
-            continue
-        values = col.cast(pl.Float64).to_numpy()
-        ok = ~np.isnan(values)  # JSON has no NaN (polars refused it above): NaN here is null
+        x = _floats(col)
+        ok = ~np.isnan(x)  # JSON has no NaN (the scan above sent bare NaN away): NaN here is null
         if ok.any():
             names.append(name)
-            cols.append(values)
+            values.append(x)
             valid.append(ok)
-    for name in (k for k in TIME_KEYS if k in df.columns and df[k].dtype.is_numeric()):
-        values = df[name].cast(pl.Float64).to_numpy()  # a record's first time key above 1e9
-        take = unset & (values > 1e9)
-        wall[take] = np.where(values[take] > 1e12, values[take] / 1000.0, values[take])
+    for name in (k for k in TIME_KEYS if k in cols and _numeric(cols[k].type)):
+        x = _floats(cols[name])  # a record's first time key above 1e9
+        take = unset & (x > 1e9)
+        wall[take] = np.where(x[take] > 1e12, x[take] / 1000.0, x[take])
         unset &= ~take
-    step = df[step_key].cast(pl.Int64).to_numpy()
+    try:
+        step = cols[step_key].cast(pa.int64()).to_numpy()
+    except pa.ArrowInvalid:  # a step past int64: the line path says so
+        return None
     if not names:
         return Points.empty(), int(step[-1]), step_key, n
     m = len(names)
@@ -257,7 +267,7 @@ def block_points(lines: list) -> tuple[Points, int, str, int] | None:
             np.tile(np.arange(m, dtype=np.int32), n)[mask],
             np.repeat(step, m)[mask],
             np.repeat(wall, m)[mask],
-            np.stack(cols, axis=1).ravel()[mask],
+            np.stack(values, axis=1).ravel()[mask],
         ),
         int(step[-1]),
         step_key,

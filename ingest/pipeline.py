@@ -61,6 +61,12 @@ SHARED_MIN_RUNS = 64
 # 5.2-6.9 s; 1,500 runs (72 MB) 7.4-9.9 s against 7.0-8.4 s
 PARALLEL_MIN_TASKS = 64
 PARALLEL_MIN_BYTES = 24 << 20
+# Below that, many small runs (1 MB a run on average) are read on a thread per core: a run's
+# parse (pyarrow), file reads and Parquet writes leave the GIL, so two runs' reads overlap.
+# 500 of the benchmark's runs: 2.2-2.6 s against 2.6-3.6 s on one thread (2 cores). Big runs stay
+# one at a time: two decoded at once would hold twice the memory.
+THREADED_MIN_TASKS = 8
+THREADED_MAX_RUN_BYTES = 1 << 20
 
 
 def _base_for(root: Path, roots: list[str]) -> Path:
@@ -434,10 +440,14 @@ def _read_runs(
 
 
 def default_executor(tasks: list[RunTask], total_bytes: int, light: bool) -> Executor:
-    """In this process for a handful of runs or a watch's poll; a process per core for many."""
+    """In this process for a handful of runs or a watch's poll, many small runs on a thread per
+    core; a process per core for many runs holding much."""
     cores = os.cpu_count() or 1
     many = len(tasks) >= PARALLEL_MIN_TASKS and total_bytes >= PARALLEL_MIN_BYTES * cores / max(1, cores - 1)
-    return LocalExecutor(cores if many and not light else 1)
+    if many and not light:
+        return LocalExecutor(cores)
+    small = len(tasks) >= THREADED_MIN_TASKS and total_bytes <= THREADED_MAX_RUN_BYTES * len(tasks)
+    return LocalExecutor(1, threads=cores if small else 1)
 
 
 def reread(w: StoreWriter, rows: list[dict], check_crc: bool = True) -> list[str]:

@@ -9,6 +9,7 @@ so the rows come out as the same ingest in one process would make them.
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -150,9 +151,13 @@ _INGESTORS: dict[bool, dict[str, Ingestor]] = {}  # per process: ingestors hold 
 _POOL: list[ThreadPoolExecutor] = []  # per process: writes parts while the next batch is decoded
 
 
+_POOL_MADE = threading.Lock()  # runs may be read on several threads (LocalExecutor's `threads`)
+
+
 def _pool() -> ThreadPoolExecutor:
-    if not _POOL:
-        _POOL.append(ThreadPoolExecutor(1, thread_name_prefix="parquet"))
+    with _POOL_MADE:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(1, thread_name_prefix="parquet"))
     return _POOL[0]
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +15,7 @@ import polars as pl
 import pytest
 
 from ingest.jsonl import RecordsToPoints, block_points
-from ingest.pipeline import ingest
+from ingest.pipeline import default_executor, ingest
 from tests.writers import tbx_scalars
 from workbench.executor import LocalExecutor
 from workbench.store import Store, compaction, layout
@@ -53,17 +56,54 @@ def _tables(store: Store) -> dict[str, pl.DataFrame]:
         con.close()
 
 
-def test_every_executor_stages_the_same_rows(tmp_path):
+@pytest.mark.parametrize(
+    "executor", [LocalExecutor(2), LocalExecutor(1, threads=2)], ids=["processes", "threads"]
+)
+def test_every_executor_stages_the_same_rows(tmp_path, executor):
     runs = _runs(tmp_path / "runs")
     one, two = Store(tmp_path / "s1"), Store(tmp_path / "s2")
     r1 = ingest([runs], one, executor=LocalExecutor(1))
-    r2 = ingest([runs], two, executor=LocalExecutor(2))
+    r2 = ingest([runs], two, executor=executor)
     assert r1.points == r2.points > 0 and len(r1.runs) == 4
     assert [p for _, p in r1.problems] == [p for _, p in r2.problems]
     assert any(p.kind == "bad_json" and p.offset == 51 for _, p in r1.problems)  # the line path still reports
     a, b = _tables(one), _tables(two)
     for name in a:
         assert a[name].equals(b[name]), name
+
+
+def test_threads_keep_order_and_hold_few_items_at_once():
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def slow_square(i: int) -> int:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.002 * (i % 3))  # later items finish first now and then
+        with lock:
+            running[0] -= 1
+        return i * i
+
+    got = []
+    for i, x in enumerate(LocalExecutor(1, threads=3).map(slow_square, range(40))):
+        got.append(x)
+        assert i < 40
+    assert got == [i * i for i in range(40)]
+    assert 2 <= most[0] <= 3  # ran side by side, never more than a thread each
+
+
+def test_many_small_runs_are_read_on_threads_and_big_ones_one_at_a_time(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    tasks = [object()] * 100
+    small = default_executor(tasks, 100 * 50_000, light=False)  # type: ignore[arg-type]
+    assert (small.workers, small.threads) == (1, 2)
+    big = default_executor(tasks[:10], 10 * 20 << 20, light=False)  # type: ignore[arg-type]
+    assert (big.workers, big.threads) == (1, 1)
+    few = default_executor(tasks[:3], 3 * 50_000, light=False)  # type: ignore[arg-type]
+    assert (few.workers, few.threads) == (1, 1)
+    many = default_executor(tasks, 100 << 20, light=False)  # type: ignore[arg-type]
+    assert many.workers == 2
 
 
 def _scalar_parts(store: Store) -> list[tuple[int, str | None]]:

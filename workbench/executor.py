@@ -7,8 +7,9 @@ executor gives the same rows in the same order. Ray is imported only when asked 
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_context
 from typing import Protocol, TypeVar
 
@@ -30,20 +31,37 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """`workers` == 1: in this process (no pickling, no start-up). More: a pool of spawned
+    """`workers` == 1: in this process (no pickling, no start-up), on `threads` threads (at most
+    one item per thread and one more in flight: memory stays bounded). More: a pool of spawned
     processes (fork would copy polars' and DuckDB's threads in an unknown state)."""
 
     name = "local"
 
-    def __init__(self, workers: int | None = None):
+    def __init__(self, workers: int | None = None, threads: int = 1):
         self.workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+        self.threads = max(1, threads)
 
     def map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+        if self.workers == 1 and self.threads > 1 and len(items) > 1:
+            yield from _threaded(fn, items, self.threads)
+            return
         if self.workers == 1 or len(items) < 2:
             yield from map(fn, items)
             return
         with ProcessPoolExecutor(min(self.workers, len(items)), mp_context=get_context("spawn")) as pool:
             yield from pool.map(fn, items, chunksize=max(1, len(items) // (self.workers * 8)))
+
+
+def _threaded(fn: Callable[[T], R], items: Sequence[T], threads: int) -> Iterator[R]:
+    """`fn` over `items` on `threads` threads, in order, with at most threads + 1 in flight."""
+    with ThreadPoolExecutor(threads, thread_name_prefix="map") as pool:
+        waiting: deque[Future[R]] = deque()
+        for item in items:
+            waiting.append(pool.submit(fn, item))
+            if len(waiting) > threads:
+                yield waiting.popleft().result()
+        while waiting:
+            yield waiting.popleft().result()
 
 
 def make_executor(name: str = "local", address: str | None = None, workers: int | None = None) -> Executor:
