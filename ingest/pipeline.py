@@ -63,8 +63,9 @@ PARALLEL_MIN_TASKS = 64
 PARALLEL_MIN_BYTES = 24 << 20
 # Below that, many small runs (1 MB a run on average) are read on a thread per core: a run's
 # parse (pyarrow), file reads and Parquet writes leave the GIL, so two runs' reads overlap.
-# 500 of the benchmark's runs: 2.2-2.6 s against 2.6-3.6 s on one thread (2 cores). Big runs stay
-# one at a time: two decoded at once would hold twice the memory.
+# 500 of the benchmark's runs: 2.17-2.52 s against 2.52-2.76 s on one thread (5 alternating
+# rounds, 2 cores); 1,000 and 1,500 runs on threads against 2 processes: even within the noise.
+# Big runs stay one at a time: two decoded at once would hold twice the memory.
 THREADED_MIN_TASKS = 8
 THREADED_MAX_RUN_BYTES = 1 << 20
 
