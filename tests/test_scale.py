@@ -315,6 +315,62 @@ def test_many_small_runs_share_files_and_read_as_with_a_file_each(tmp_path, monk
     _readers_list_the_parts_writers_do(own)
 
 
+def test_small_runs_stream_into_shared_files_a_row_group_at_a_time(tmp_path, monkeypatch):
+    """Small chunks' points go to the shared file a row group at a time as runs are read; a
+    file ends with the chunk that passes SHARED_ROWS, so no chunk spans two files, and every row
+    group but a file's last is full. The views read as with a file per run."""
+    import pyarrow.parquet as pq
+
+    import ingest.pipeline as pipeline
+    from workbench.store import parts as parts_mod
+    from workbench.store import writer as writer_mod
+
+    monkeypatch.setattr(parts_mod, "SHARED_ROW_GROUP", 16)
+    monkeypatch.setattr(writer_mod, "SHARED_ROWS", 200)
+    runs = tmp_path / "runs"
+    for i in range(pipeline.SHARED_MIN_RUNS + 2):
+        (runs / f"r{i:02d}").mkdir(parents=True)
+        _losses(runs / f"r{i:02d}" / "metrics.jsonl", [2.0 / s + i for s in range(1, 8 + i % 30)])
+    shared = Store(tmp_path / "shared")
+    ingest([runs], shared)
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "SHARED_MIN_RUNS", 10**6)
+        own = Store(tmp_path / "own")
+        ingest([runs], own)
+    a, b = _tables(shared), _tables(own)
+    for name in ("scalars_all", "problems", "files"):
+        assert a[name].equals(b[name]), name
+    parts = layout.read_meta("parts", shared.live_generation()).filter(pl.col("kind") == "scalars")
+    assert parts["chunk_id"].is_unique().all() and parts["file"].null_count() == 0
+    by_file = (
+        parts.group_by("file").agg(pl.col("rows").sum(), pl.col("rows").max().alias("largest")).sort("file")
+    )
+    assert by_file.height >= 5 and parts["rows"].sum() == b["scalars_all"].height
+    files = sorted(
+        by_file.iter_rows(named=True), key=lambda f: int(f["file"].rsplit("_", 1)[1].split(".")[0])
+    )
+    for k, f in enumerate(files):
+        meta = pq.ParquetFile(shared.root / f["file"]).metadata
+        groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        assert meta.num_rows == f["rows"] and all(g == 16 for g in groups[:-1]) and 0 < groups[-1] <= 16
+        if k < len(files) - 1:  # full: ended by the chunk that passed 200 rows
+            assert 200 <= f["rows"] < 200 + f["largest"]
+    assert shared.check().ok
+    # one file for all: its row groups are written while the runs are read, before the commit
+    monkeypatch.setattr(writer_mod, "SHARED_ROWS", 10**6)
+    seen: list[str] = []
+    write, commit = parts_mod.SharedFile.write, writer_mod.StoreWriter.commit
+    monkeypatch.setattr(parts_mod.SharedFile, "write", lambda f, t: (seen.append("rows"), write(f, t))[1])
+    monkeypatch.setattr(
+        writer_mod.StoreWriter, "commit", lambda w, *a, **k: (seen.append("commit"), commit(w, *a, **k))[1]
+    )
+    one = Store(tmp_path / "one")
+    ingest([runs], one)
+    assert seen.index("commit") >= 10 and set(seen[: seen.index("commit")]) == {"rows"}
+    assert len(list((one.root / "scalars" / "_compacted").iterdir())) == 1
+    assert _tables(one)["scalars_all"].equals(b["scalars_all"])
+
+
 def _readers_list_the_parts_writers_do(store: Store) -> None:
     """A reader lists a generation's parts with DuckDB (no polars), a writer with polars: the
     same rows, compacted files and parts of their own alike."""

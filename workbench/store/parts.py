@@ -138,13 +138,27 @@ def write_scalars(root: Path, run_id: str, chunk_id: int, points: Points) -> tup
     return tags, publish("scalars", chunk_id, len(points), tmp, part)
 
 
-def write_shared(root: Path, path: Path, tables: list[tuple[str, int, pa.Table]]) -> list[dict]:
-    """The tables of many small chunks ((run_id, chunk_id, table)) as one file, by run, so that
-    thousands of small runs cost a few files instead of one each; their `parts` rows."""
-    tables = sorted(tables, key=lambda t: t[:2])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    write_table(pa.concat_tables([t for _, _, t in tables]), tmp, SHARED_ROW_GROUP)
-    first = publish("scalars", 0, 0, tmp, path)
-    rel = str(path.relative_to(root))
-    return [{**first, "chunk_id": c, "rows": t.num_rows, "file": rel} for _, c, t in tables]
+class SharedFile:
+    """One file of many small chunks' points, so that thousands of small runs cost a few files
+    instead of one each: written a row group at a time as the chunks come (while later runs are
+    still being read), in the order they come. Used from one thread (the writer's background
+    thread)."""
+
+    def __init__(self, root: Path, path: Path):
+        self.root, self.path = root, path
+        self.tmp = path.with_name(path.name + ".tmp")
+        self.writer: pq.ParquetWriter | None = None
+
+    def write(self, table: pa.Table) -> None:
+        if self.writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.writer = pq.ParquetWriter(self.tmp, table.schema, **ENCODING)
+        self.writer.write_table(table, row_group_size=SHARED_ROW_GROUP)
+
+    def close(self, chunks: list[tuple[int, int]]) -> list[dict]:
+        """The file put in place; the `parts` rows of its chunks ((chunk_id, rows) each)."""
+        assert self.writer is not None, "a shared file closed before anything was written"
+        self.writer.close()
+        first = publish("scalars", 0, 0, self.tmp, self.path)
+        rel = str(self.path.relative_to(self.root))
+        return [{**first, "chunk_id": c, "rows": n, "file": rel} for c, n in chunks]

@@ -18,6 +18,7 @@ from typing import cast
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 import workbench.store.commit as commit_mod
 import workbench.store.compaction as compaction
@@ -67,7 +68,7 @@ def chunk_row(chunk_id: int, run_id: str, path: str, source: str, start: int, en
     }
 
 
-SHARED_ROWS = 1 << 22  # points of small chunks gathered before they are written as one file
+SHARED_ROWS = 1 << 22  # points of small chunks in one file (it ends with the chunk that passes this)
 
 
 KEYED = {"files": "path", "run_config": "run_id"}  # tables with one row per key
@@ -102,8 +103,13 @@ class StoreWriter:
         self.changed_runs: set[str] = set()  # runs whose files were read, dropped or rewritten
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet")
         self._pending: list = []
-        self._shared: list = []  # (run_id, chunk_id, table) of small chunks not yet written
+        # small chunks' points, written together (parts_mod.SharedFile): the tables not yet
+        # handed to the file, their rows, the file being written and its chunks (id, rows)
+        self._shared: list[pa.Table] = []
         self._shared_rows = 0
+        self._shared_file: parts_mod.SharedFile | None = None
+        self._shared_chunks: list[tuple[int, int]] = []
+        self._shared_file_rows = 0
         self._shared_files = 0
         self.derive_errors: dict[str, str] = {}  # derived table -> why the last one was kept
         # above every chunk a kept generation lists (a reader may still be on the previous one,
@@ -187,15 +193,29 @@ class StoreWriter:
     def _write_part(self, run_id: str, chunk_id: int, points: Points) -> tuple[dict, dict]:
         return parts_mod.write_scalars(self.root, run_id, chunk_id, points)
 
-    def _write_shared(self) -> None:
-        """Write the small chunks gathered so far as one file (on the background thread)."""
-        if not self._shared:
+    def _write_shared(self, finish: bool) -> None:
+        """Hand the small chunks gathered so far to the file being written (on the background
+        thread): whole row groups while more may come; everything, and the file finished, when
+        `finish` or the file is full (so a chunk's points never span two files)."""
+        whole = finish or self._shared_file_rows + self._shared_rows >= SHARED_ROWS
+        if (not whole and self._shared_rows < parts_mod.SHARED_ROW_GROUP) or not (
+            self._shared or self._shared_file
+        ):
             return
-        path = self._new_file()
-        tables, self._shared, self._shared_rows = self._shared, [], 0
-        self._pending.append(
-            self._pool.submit(lambda: (None, parts_mod.write_shared(self.root, path, tables)))
-        )
+        table = pa.concat_tables(self._shared) if self._shared else pa.table({})
+        take = table.num_rows if whole else table.num_rows - table.num_rows % parts_mod.SHARED_ROW_GROUP
+        rest = table.slice(take)
+        self._shared, self._shared_rows = ([rest] if rest.num_rows else []), rest.num_rows
+        self._shared_file_rows += take
+        if self._shared_file is None:
+            self._shared_file = parts_mod.SharedFile(self.root, self._new_file())
+        chunks = None
+        if whole:
+            chunks = self._shared_chunks
+            self._shared_chunks, self._shared_file_rows = [], 0
+        self._pending.append(self._pool.submit(_shared_rows, self._shared_file, table.slice(0, take), chunks))
+        if whole:
+            self._shared_file = None
         while len(self._pending) > 2:
             self._collect(self._pending.pop(0))
 
@@ -206,7 +226,7 @@ class StoreWriter:
         return layout.compacted_part(self.root, self.generation + 1, self._shared_files)
 
     def _flush_parts(self) -> None:
-        self._write_shared()
+        self._write_shared(finish=True)
         while self._pending:
             self._collect(self._pending.pop(0))
 
@@ -221,11 +241,11 @@ class StoreWriter:
             self.add_rows("chunks", chunks)
         self._cols["chunk_tags"].extend(chunk_tags)
         self.add_rows("parts", part_rows)
-        for item in shared:
-            self._shared.append(item)
-            self._shared_rows += item[2].num_rows
-        if self._shared_rows >= SHARED_ROWS:
-            self._write_shared()
+        for _, chunk_id, table in shared:
+            self._shared.append(table)
+            self._shared_rows += table.num_rows
+            self._shared_chunks.append((chunk_id, table.num_rows))
+        self._write_shared(finish=False)
 
     def frame(self, table: str, rows: pl.DataFrame | list[dict]) -> pl.DataFrame:
         """Rows in the table's columns; raises for a value that does not fit (before staging)."""
@@ -466,3 +486,13 @@ class StoreWriter:
         if catalog:
             commit_mod.write_catalog(self.root, final)
         return final
+
+
+def _shared_rows(
+    file: parts_mod.SharedFile, table: pa.Table, chunks: list[tuple[int, int]] | None
+) -> tuple[None, list[dict]]:
+    """(On the background thread) rows into a shared file; with `chunks` (the file's chunks),
+    the file finished and their `parts` rows."""
+    if table.num_rows:
+        file.write(table)
+    return None, file.close(chunks) if chunks is not None else []
