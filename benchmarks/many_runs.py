@@ -4,7 +4,8 @@ how fast the store answers afterwards.
 Writes real log files: JSONL lines as HF/plain PyTorch loggers write them, Keras CSVLogger
 files, DeepSpeed monitor CSVs and small TensorBoard event files (tensorboardX), then ingests
 them with `workbench ingest`'s library call and compares against a bare parse loop over the
-same files (`json.loads` per line, `csv.reader` per line) measured in the same run.
+same files (`json.loads` per line, `csv.reader` per line), the two timed in turn `--rounds`
+times (3) on the same files: medians, and the median and range of each round's ratio.
 
     python benchmarks/many_runs.py --quick          # 1k JSONL runs (+ a 100-run mix), ~1 min
     python benchmarks/many_runs.py --runs 1000 10000   # the linearity curve, 10k takes minutes
@@ -20,6 +21,7 @@ import os
 import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -129,7 +131,7 @@ def timed_cli(store: Path, *args: str) -> float:
     return time.perf_counter() - t0
 
 
-def one(n: int, kinds: list[str], workers: int | None, tmp: Path) -> dict:
+def one(n: int, kinds: list[str], workers: int | None, tmp: Path, rounds: int = 1) -> dict:
     from ingest.pipeline import ingest
     from workbench.executor import LocalExecutor
     from workbench.store import Store
@@ -138,13 +140,17 @@ def one(n: int, kinds: list[str], workers: int | None, tmp: Path) -> dict:
     shutil.rmtree(runs, ignore_errors=True)
     shutil.rmtree(store_dir, ignore_errors=True)
     make_runs(runs, n, kinds)
-    bare = bare_loop(runs)
-    store = Store(store_dir)
     ex = LocalExecutor(workers) if workers else None
-    t0 = time.perf_counter()
-    report = ingest([runs], store, executor=ex)
-    took = time.perf_counter() - t0
-    assert len(report.runs) == n and not report.problems, report.problems[:3]
+    bares, tooks = [], []
+    for _ in range(rounds):  # the peer and a fresh ingest in turn: the machine's speed moves both
+        bares.append(bare_loop(runs))
+        shutil.rmtree(store_dir, ignore_errors=True)
+        store = Store(store_dir)
+        t0 = time.perf_counter()
+        report = ingest([runs], store, executor=ex)
+        tooks.append(time.perf_counter() - t0)
+        assert len(report.runs) == n and not report.problems, report.problems[:3]
+    ratios = [t / b for t, b in zip(tooks, bares, strict=True)]
     t0 = time.perf_counter()
     con = store.connect()
     open_s = time.perf_counter() - t0
@@ -164,8 +170,11 @@ def one(n: int, kinds: list[str], workers: int | None, tmp: Path) -> dict:
     return {
         "runs": n,
         "points": report.points,
-        "ingest_s": took,
-        "bare_s": bare,
+        "ingest_s": statistics.median(tooks),
+        "bare_s": statistics.median(bares),
+        "ratio": statistics.median(ratios),
+        "ratio_range": (min(ratios), max(ratios)),
+        "rounds": rounds,
         "open_s": open_s,
         "query_s": query_s,
         "incremental_s": incr_s,
@@ -185,6 +194,9 @@ def main() -> None:
         "--workers", type=int, default=None, help="ingest processes (default: chosen by the work)"
     )
     ap.add_argument("--tmp", default=None)
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="bare loop and ingest timed in turn this many times (medians)"
+    )
     args = ap.parse_args()
     sizes = [1000] if args.quick else args.runs
     tmp = Path(args.tmp or tempfile.mkdtemp(prefix="many_runs_"))
@@ -200,14 +212,15 @@ def main() -> None:
     print(
         f"first ingest in this process ({SHARED_MIN_RUNS} runs; its one-time costs): {time.perf_counter() - t0:.2f}s"
     )
-    rows = [one(n, args.kinds, args.workers, tmp) for n in sizes]
+    rows = [one(n, args.kinds, args.workers, tmp, args.rounds) for n in sizes]
     if args.quick:
         mix = one(100, sorted(WRITERS), args.workers, tmp)
     for r in rows + ([mix] if args.quick else []):
         print(
             f"{r['runs']:>6} runs  {r['points']:>11,} points  ingest {r['ingest_s']:7.2f}s "
             f"({r['points'] / r['ingest_s'] / 1e6:5.2f}M points/s, {1000 * r['ingest_s'] / r['runs']:.2f} ms/run)  "
-            f"bare parse loop {r['bare_s']:6.2f}s -> ingest/bare {r['ingest_s'] / r['bare_s']:4.2f}x  "
+            f"bare parse loop {r['bare_s']:6.2f}s -> ingest/bare {r['ratio']:4.2f}x "
+            f"({r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f}, medians of {r['rounds']} rounds)  "
             f"open {r['open_s'] * 1000:.0f} ms  one-run query {r['query_s'] * 1000:.0f} ms  "
             f"re-ingest of 1 changed run {r['incremental_s']:.2f}s ({r['incr_files_read']} file read)  "
             f"`sql select 1` {r['sql_select1_s']:.2f}s  `runs` {r['cli_runs_s']:.2f}s "
