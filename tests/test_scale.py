@@ -214,6 +214,9 @@ def test_vectorised_jsonl_gives_the_line_readers_points(records):
         '{"step": 5, "m": {"a": 1}}',
         '{"loss": 1}',
         "[1]",
+        '{"step": 5, "loss": 1.0, "loss": 2.0}',  # a key twice
+        '{"step": 9223372036854775813, "loss": 1.0}',  # a step past int64
+        '{"step": 5, "at": "2024-01-01T00:00:00"}',  # a timestamp
     ],
 )
 def test_vectorised_jsonl_leaves_odd_blocks_to_the_line_reader(line):
