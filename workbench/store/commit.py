@@ -31,6 +31,7 @@ from workbench.store.views import (
     statement_graph,
     table_view,
     tabled,
+    unbound,
     view_statements,
 )
 
@@ -146,13 +147,13 @@ class _ViewsOnDemand:
     def sql(self, query: str, **kw) -> duckdb.DuckDBPyRelation:
         for name in needed(self.graph, query):
             if name not in self.made:
-                self.con.execute(tabled([self.graph[name][1]], TABLED_BEFORE_DERIVED)[0])
+                self.con.execute(unbound(tabled([self.graph[name][1]], TABLED_BEFORE_DERIVED)[0]))
                 self.made.add(name)
         return self.con.sql(query, **kw)
 
     def remade(self, name: str, stmt: str) -> None:
         """`stmt` (a derived table's view, written anew) in place of the view called `name`."""
-        self.con.execute(stmt)
+        self.con.execute(unbound(stmt))
         self.made.add(name)
 
 
@@ -187,7 +188,7 @@ def write_catalog(root: Path, gen: Path) -> None:
             con.execute("BEGIN")  # one commit to the file, not one per view
             made = table_cache.plan(con, view_statements(root, gen, con), None, TABLED, gen)
             for stmt in made.statements:
-                con.execute(stmt)
+                con.execute(unbound(stmt))
             con.execute("COMMIT")
             table_cache.save(con, made.saves)  # kept for the generation's first reader too
         finally:

