@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from real_counts import REAL, assert_matches, expected, real_tree_store
 
 from ingest.jsonl import RecordsToPoints, block_points
 from ingest.pipeline import default_executor, ingest
@@ -222,6 +223,23 @@ def test_vectorised_jsonl_gives_the_line_readers_points(records):
 def test_vectorised_jsonl_leaves_odd_blocks_to_the_line_reader(line):
     lines = [json.dumps({"step": s, "loss": 1.0}) for s in range(100)] + [line]
     assert block_points(lines) is None
+
+
+def test_real_jsonl_logs_of_other_writers_equal_their_independent_counts(tmp_path_factory):
+    """Two public JSONL logs (tests/data/real/public_jsonl: a resumed plain PyTorch pretraining
+    loop, Dreamer's metrics with `/` in its keys) go the vectorised way, and the store holds what
+    a plain json.loads count of them holds: every line, the last write of a re-logged step current."""
+    for name in ("slm_training", "dreamer_fetch_reach"):
+        lines = (REAL / "public_jsonl" / name / "metrics.jsonl").read_text().splitlines()
+        assert block_points(lines) is not None, name
+    store = real_tree_store(
+        tmp_path_factory, {"slm": "public_jsonl/slm_training", "dreamer": "public_jsonl/dreamer_fetch_reach"}
+    )
+    assert_matches(store, "slm", expected("public_jsonl/slm_training/metrics.jsonl"), view="scalars")
+    assert_matches(
+        store, "dreamer", expected("public_jsonl/dreamer_fetch_reach/metrics.jsonl"), view="scalars"
+    )
+    assert store.query("SELECT count(*) AS n FROM scalars_all WHERE run_id = 'slm'")["n"][0] == 4 * 398
 
 
 def _losses(path: Path, values: list[float]) -> None:

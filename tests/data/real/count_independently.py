@@ -397,6 +397,8 @@ def counts() -> dict:
         folder = f"jsonl_{key.replace('/', '_')}"
         put(f"custom_names/{folder}/metrics.jsonl", jsonl(custom / folder / "metrics.jsonl", key))
     put("custom_names/tb_tutorial_names", tensorboard(custom / "tb_tutorial_names"))
+    for name in ("slm_training", "dreamer_fetch_reach"):
+        put(f"public_jsonl/{name}/metrics.jsonl", jsonl(REAL / "public_jsonl" / name / "metrics.jsonl"))
     for style, sep in (("pipes", "|"), ("colon", ":"), ("equals", "=")):
         put(f"custom_names/console_{style}/stdout.log", plain_lines(custom / f"console_{style}/stdout.log", sep))
     return out
