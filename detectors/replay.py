@@ -23,6 +23,7 @@ from detectors.engine import evaluate
 from detectors.rules import Rule, load_rule_file
 from detectors.series import ReplayError, SeriesData, peer_group
 from detectors.streaks import ALERT_SCHEMA
+from workbench.executor import threaded_map
 from workbench.store import Store, coded, reads
 
 if TYPE_CHECKING:
@@ -58,13 +59,7 @@ def prefetched(store: Store, groups: list[list[str]]) -> Iterator[SeriesData]:
     if not groups:
         return
     con = store.connect()  # one connection (and integrity check) for every batch, used by one thread
-    with ThreadPoolExecutor(1, thread_name_prefix="load") as pool:
-        nxt = pool.submit(load, store, groups[0], con)
-        for i in range(len(groups)):
-            data = nxt.result()
-            if i + 1 < len(groups):
-                nxt = pool.submit(load, store, groups[i + 1], con)
-            yield data
+    yield from threaded_map(lambda runs: load(store, runs, con), groups, 1)
 
 
 def batches(

@@ -43,7 +43,7 @@ class LocalExecutor:
 
     def map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
         if self.workers == 1 and self.threads > 1 and len(items) > 1:
-            yield from _threaded(fn, items, self.threads)
+            yield from threaded_map(fn, items, self.threads)
             return
         if self.workers == 1 or len(items) < 2:
             yield from map(fn, items)
@@ -52,8 +52,9 @@ class LocalExecutor:
             yield from pool.map(fn, items, chunksize=max(1, len(items) // (self.workers * 8)))
 
 
-def _threaded(fn: Callable[[T], R], items: Sequence[T], threads: int) -> Iterator[R]:
-    """`fn` over `items` on `threads` threads, in order, with at most threads + 1 in flight."""
+def threaded_map(fn: Callable[[T], R], items: Sequence[T], threads: int) -> Iterator[R]:
+    """`fn` over `items` on `threads` threads, in order, with at most threads + 1 in flight: the
+    next items are worked on while the caller works on this one's result."""
     with ThreadPoolExecutor(threads, thread_name_prefix="map") as pool:
         waiting: deque[Future[R]] = deque()
         for item in items:
